@@ -1,0 +1,71 @@
+"""EngineConfig: every engine option in one frozen dataclass, validated once."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+_DTYPES = ("float32", "float16", "bfloat16", "auto")
+
+
+def strict_from_env() -> bool:
+    return os.environ.get("CORE_RUNNER_STRICT", "0").lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Options of one engine. Every field either changes behaviour or is rejected.
+
+    ``max_num_batched_tokens`` is the token budget of one step; a value below
+    ``max_model_len`` needs a model whose plugin supports chunked prefill.
+    ``num_kv_blocks=None`` sizes the KV pool from free memory
+    (``kv_cache_memory_fraction`` of it).
+    """
+
+    model: str
+    dtype: str = "auto"
+    device: str = "cpu"
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int | None = None
+    block_size: int = 16
+    num_kv_blocks: int | None = None
+    kv_cache_memory_fraction: float = 0.5
+    seed: int = 0
+    strict: bool = field(default_factory=strict_from_env)
+    enforce_eager: bool = False
+    tokenizer: str | None = None
+    max_logprobs: int = 20
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value: object, valid: str) -> ValueError:
+            return ValueError(f"{name}={value!r} is invalid: {valid}")
+
+        if self.dtype not in _DTYPES:
+            raise bad("dtype", self.dtype, f"expected one of {_DTYPES}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise bad("device", self.device, "expected 'cpu', 'cuda' or 'cuda:N'")
+        for name in ("max_model_len", "max_num_seqs", "block_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise bad(name, v, "expected an integer >= 1")
+        if self.max_num_batched_tokens is None:
+            object.__setattr__(self, "max_num_batched_tokens", max(self.max_model_len, 2048))
+        mnbt = self.max_num_batched_tokens
+        if not isinstance(mnbt, int) or mnbt < 1:
+            raise bad("max_num_batched_tokens", mnbt, "expected an integer >= 1")
+        if self.num_kv_blocks is not None and (
+            not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
+        ):
+            raise bad("num_kv_blocks", self.num_kv_blocks, "expected None (size from memory) or an integer >= 1")
+        if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
+            raise bad("kv_cache_memory_fraction", self.kv_cache_memory_fraction, "expected a value in (0, 0.95]")
+        if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
+            raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
+
+    @property
+    def max_blocks_per_req(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def chunked_prefill_needed(self) -> bool:
+        return self.max_num_batched_tokens < self.max_model_len

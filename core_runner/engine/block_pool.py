@@ -1,0 +1,24 @@
+"""A pool of KV-cache block ids shared by every paged layer."""
+from __future__ import annotations
+
+from collections import deque
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks} must be >= 1")
+        self.num_blocks = num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise RuntimeError(f"asked for {n} KV blocks, only {len(self._free)} free")
+        return [self._free.popleft() for _ in range(n)]
+
+    def free(self, block_ids: list[int]) -> None:
+        self._free.extend(block_ids)

@@ -1,0 +1,44 @@
+"""What the scheduler hands the runner each step."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core_runner.sampling_params import SamplingParams
+
+
+@dataclass(slots=True)
+class NewRequest:
+    """A request entering the runner: a fresh one, or a preempted one resuming.
+
+    ``token_ids`` holds every known token (prompt, then anything generated before a
+    preemption); ``num_prompt_tokens`` is the length of the original prompt.
+    """
+
+    req_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling_params: SamplingParams | None
+    seed: int
+    block_ids: list[int]
+    pooling_params: object | None = None
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    new_reqs: list[NewRequest] = field(default_factory=list)
+    # blocks appended to requests already in the runner
+    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    # tokens to compute this step, in batch order (decode first)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    # tokens already in the cache before this step
+    num_computed_tokens: dict[str, int] = field(default_factory=dict)
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(self.num_scheduled_tokens.values())
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.num_scheduled_tokens

@@ -1,0 +1,35 @@
+"""The one global: attention metadata carried into the model around a forward.
+
+Layers read it with ``get_forward_context()`` so that ``forward(input_ids, positions)``
+stays free of metadata arguments.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+_CONTEXT: "ForwardContext | None" = None
+
+
+@dataclass(slots=True)
+class ForwardContext:
+    attn_metadata: Any
+    backend: Any
+
+
+@contextmanager
+def set_forward_context(attn_metadata: Any, backend: Any) -> Iterator[None]:
+    global _CONTEXT
+    prev = _CONTEXT
+    _CONTEXT = ForwardContext(attn_metadata, backend)
+    try:
+        yield
+    finally:
+        _CONTEXT = prev
+
+
+def get_forward_context() -> ForwardContext:
+    if _CONTEXT is None:
+        raise RuntimeError("no forward context: the model was called outside ModelRunner.execute_model")
+    return _CONTEXT

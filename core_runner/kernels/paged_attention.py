@@ -1,0 +1,264 @@
+"""Paged attention for mixed prefill/decode batches in one launch (Triton twin of
+``paged_attention_ref``).
+
+Layout of the work. A program owns one *query block* of one request and one kv
+head: BLOCK_Q consecutive query tokens times the GROUP query heads that share the
+kv head, packed into BLOCK_M = BLOCK_Q * GROUP_PAD rows. Each K/V tile is thus
+loaded once for the whole GQA group, and decode rows (1 token) still fill a
+tensor-core tile of at least 16 rows. K/V are gathered token by token through the
+block table, so any block size works and a tile of BLOCK_N tokens spans
+BLOCK_N / block_size physical blocks.
+
+Finding the request without host reads. The grid is sized from host ints only
+(num_tokens, num_reqs, max_query_len) so the launch can be captured in a CUDA
+graph. When every request fits in one query block (decode, short spec-decode),
+program i simply serves request i. Otherwise request i is given the program ids
+starting at ``qsl[i] // BLOCK_Q + i`` (at least ceil(q_len / BLOCK_Q) of them, at
+most num_tokens // BLOCK_Q + num_reqs in all) and each program finds its request by
+binary search over query_start_loc. Extra programs cover the padding tokens past
+``qsl[-1]``: they run as requests with no context and write zeros, so no output
+row is ever left uninitialised.
+
+Split-KV (flash-decoding). With few (request, kv head) pairs the GPU would idle, so
+a third grid axis splits each context into num_splits ranges; each writes its
+running (max, sum, unnormalised acc) to scratch and a small second kernel merges
+them. The split count is chosen from host ints, never from device values.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_LOG2E = 1.4426950408889634
+_NEG_BIG = -1.0e30  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
+
+
+@triton.jit
+def _attn_kernel(
+    q_ptr, kc_ptr, vc_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
+    qsl_ptr, seq_lens_ptr, bt_ptr,
+    num_tokens, num_reqs, num_main, head_size, qk_scale,
+    s_qt, s_qh, s_ot, s_oh, s_bt,
+    s_cb, s_co, s_ch,
+    NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, CAUSAL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
+    pid = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+
+    # ---- which tokens this program serves: [tok0, q_end) capped at BLOCK_Q, ctx seq_len
+    if pid < num_main:
+        if ONE_BLOCK_PER_REQ:
+            req = pid
+            tok0 = tl.load(qsl_ptr + req)
+        else:
+            lo = pid * 0
+            hi = lo + num_reqs
+            while hi - lo > 1:  # last req with qsl[req] // BLOCK_Q + req <= pid
+                mid = (lo + hi) // 2
+                go_right = tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= pid
+                lo = tl.where(go_right, mid, lo)
+                hi = tl.where(go_right, hi, mid)
+            req = lo
+            q_start = tl.load(qsl_ptr + req)
+            tok0 = q_start + (pid - (q_start // BLOCK_Q + req)) * BLOCK_Q
+        q_end = tl.load(qsl_ptr + req + 1)
+        seq_len = tl.load(seq_lens_ptr + req)
+    else:  # padding tokens past qsl[-1]: an empty context, so zeros are written
+        req = pid * 0
+        tok0 = tl.load(qsl_ptr + num_reqs) + (pid - num_main) * BLOCK_Q
+        q_end = req + num_tokens
+        seq_len = req
+    n_tok = tl.minimum(q_end - tok0, BLOCK_Q)
+    pos0 = seq_len - (q_end - tok0)  # absolute position of token tok0
+
+    if CAUSAL:
+        kv_end = tl.minimum(seq_len, pos0 + n_tok)
+    else:
+        kv_end = seq_len
+    kv_end = tl.where(n_tok > 0, kv_end, 0)
+    kv_end = tl.maximum(kv_end, 0)
+    if NUM_SPLITS > 1:
+        chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        kv_lo = split * chunk
+        kv_hi = tl.minimum(kv_lo + chunk, kv_end)
+    else:
+        kv_lo = 0
+        kv_hi = kv_end
+
+    # ---- rows: (token, head within group)
+    rows = tl.arange(0, BLOCK_M)
+    r_tok = rows // GROUP_PAD
+    r_head = kvh * GROUP + rows % GROUP_PAD
+    row_ok = (r_tok < n_tok) & (rows % GROUP_PAD < GROUP)
+    r_pos = pos0 + r_tok
+    tok = (tok0 + r_tok).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_size
+
+    q = tl.load(q_ptr + tok[:, None] * s_qt + r_head[:, None] * s_qh + d[None, :],
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], _NEG_BIG, dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    kv_head_off = kvh.to(tl.int64) * s_ch
+    bt_row = bt_ptr + req.to(tl.int64) * s_bt
+    offs_n = tl.arange(0, BLOCK_N)
+
+    for start in range(kv_lo, kv_hi, BLOCK_N):
+        n = start + offs_n
+        n_ok = n < kv_hi
+        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+        kv_off = blk * s_cb + (n % BLOCK_SIZE) * s_co + kv_head_off
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+        keep = n_ok[None, :]
+        if CAUSAL:
+            keep = keep & (n[None, :] <= r_pos[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    if NUM_SPLITS > 1:
+        part = (tok * NUM_HEADS + r_head) * NUM_SPLITS + split
+        tl.store(m_ptr + part, m_i, mask=row_ok)
+        tl.store(l_ptr + part, l_i, mask=row_ok)
+        tl.store(acc_ptr + part[:, None] * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+    else:
+        l_safe = tl.where(l_i > 0.0, l_i, 1.0)
+        o = acc / l_safe[:, None]
+        tl.store(out_ptr + tok[:, None] * s_ot + r_head[:, None] * s_oh + d[None, :],
+                 o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _merge_splits_kernel(
+    out_ptr, m_ptr, l_ptr, acc_ptr, head_size, s_ot, s_oh,
+    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tok = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    sp = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, BLOCK_D)
+    sp_ok = sp < NUM_SPLITS
+    base = (tok * NUM_HEADS + head) * NUM_SPLITS
+    m = tl.load(m_ptr + base + sp, mask=sp_ok, other=float("-inf"))
+    l = tl.load(l_ptr + base + sp, mask=sp_ok, other=0.0)
+    acc = tl.load(acc_ptr + (base + sp)[:, None] * BLOCK_D + d[None, :], mask=sp_ok[:, None], other=0.0)
+    w = tl.exp2(m - tl.max(m, 0))  # max is finite: every real split wrote >= _NEG_BIG
+    l_tot = tl.sum(w * l, 0)
+    o = tl.sum(w[:, None] * acc, 0) / tl.where(l_tot > 0.0, l_tot, 1.0)
+    tl.store(out_ptr + tok * s_ot + head * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < head_size)
+
+
+def _pick_num_splits(device: torch.device, num_reqs: int, kv_heads: int, max_seq_len: int) -> int:
+    """Enough splits to give every SM ~2 programs, each still >= 256 context tokens."""
+    if device.type != "cuda":
+        return 1
+    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
+    work = max(num_reqs * kv_heads, 1)
+    if work >= num_sms:
+        return 1
+    splits = min(triton.cdiv(2 * num_sms, work), max_seq_len // 256, 32)
+    return max(splits, 1)
+
+
+def _launch_config(block_m: int, block_d: int, elem_bytes: int, device: torch.device) -> dict:
+    """Tile and warp choices for Hopper: K+V tiles of BLOCK_N x BLOCK_D, kept <= 32 KiB
+    per stage so three stages fit shared memory (fp32, used by tests, gets smaller tiles)."""
+    block_n = 64 if block_d * elem_bytes <= 256 else 32
+    num_warps = 8 if block_m >= 128 else 4
+    num_stages = 3 if device.type == "cuda" else 1
+    return {"BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages}
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    max_query_len: int | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+) -> torch.Tensor:
+    """q: [num_tokens, heads, D]; kv_cache: [1 or 2, num_blocks, block_size, kv_heads, D];
+    query_start_loc: [num_reqs + 1]; seq_lens, block_tables: per request (device).
+    max_query_len / max_seq_len are host-side upper bounds; only when they are None
+    (and needed) is the device read, so pass them under CUDA graphs. num_splits > 1
+    forces the split-KV path; None lets a heuristic choose (split only for decode)."""
+    num_tokens, num_heads, head_size = q.shape
+    _, _, block_size, kv_heads, cache_d = kv_cache.shape
+    if cache_d != head_size or num_heads % kv_heads != 0:
+        raise ValueError(f"q {tuple(q.shape)} does not fit kv_cache {tuple(kv_cache.shape)}")
+    if kv_cache.stride(-1) != 1:
+        raise ValueError("kv_cache must be contiguous in head_size")
+    if q.stride(-1) != 1:
+        q = q.contiguous()
+    num_reqs = seq_lens.shape[0]
+    out = torch.empty((num_tokens, num_heads, head_size), dtype=q.dtype, device=q.device)
+    if num_tokens == 0:
+        return out
+    if num_reqs == 0:
+        return out.zero_()
+    if max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    group = num_heads // kv_heads
+    group_pad = triton.next_power_of_2(group)
+    block_d = max(triton.next_power_of_2(head_size), 16)
+    block_m = 16 if max_query_len * group_pad <= 16 else 64
+    block_m = max(block_m, group_pad)
+    block_q = block_m // group_pad
+    one_block = max_query_len <= block_q
+    num_main = num_reqs if one_block else num_tokens // block_q + num_reqs
+    if num_splits is None:
+        num_splits = 1
+        if max_query_len == 1:
+            if max_seq_len is None:
+                max_seq_len = int(seq_lens.max())
+            num_splits = _pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
+    cfg = _launch_config(block_m, block_d, kv_cache.element_size(), q.device)
+    if q.dtype == torch.float32:
+        dot_precision = "ieee"
+    else:
+        dot_precision = "tf32"  # ignored for 16-bit inputs
+    grid = (num_main + triton.cdiv(num_tokens, block_q), kv_heads, num_splits)
+    if num_splits > 1:
+        parts = num_tokens * num_heads * num_splits
+        m_buf = torch.empty(parts, dtype=torch.float32, device=q.device)
+        l_buf = torch.empty_like(m_buf)
+        acc_buf = torch.empty(parts * block_d, dtype=torch.float32, device=q.device)
+    else:
+        m_buf = l_buf = acc_buf = out  # unused
+    _attn_kernel[grid](
+        q, kv_cache[0], kv_cache[-1], out, m_buf, l_buf, acc_buf,
+        query_start_loc, seq_lens, block_tables,
+        num_tokens, num_reqs, num_main, head_size, scale * _LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
+        NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=group_pad,
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
+        ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
+        DOT_PRECISION=dot_precision, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_heads)](
+            out, m_buf, l_buf, acc_buf, head_size, out.stride(0), out.stride(1),
+            NUM_HEADS=num_heads, NUM_SPLITS=num_splits,
+            SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4,
+        )
+    return out

@@ -1,0 +1,12 @@
+"""Shared building blocks that plugins assemble into models."""
+from core_runner.layers.activation import SiluAndMul
+from core_runner.layers.attention import Attention
+from core_runner.layers.embedding import LMHead, VocabEmbedding
+from core_runner.layers.linear import Linear, MergedLinear, QKVLinear
+from core_runner.layers.norm import RMSNorm
+from core_runner.layers.rotary import RotaryEmbedding, rope_theta_of
+
+__all__ = [
+    "Attention", "LMHead", "Linear", "MergedLinear", "QKVLinear", "RMSNorm",
+    "RotaryEmbedding", "SiluAndMul", "VocabEmbedding", "rope_theta_of",
+]

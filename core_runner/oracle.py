@@ -1,0 +1,74 @@
+"""The capability oracle: picks the execution plan from config, platform and capabilities.
+
+Each downgrade (something better exists on this platform but is blocked) is logged in
+one line naming its blocker; in strict mode it is an error instead. An option that the
+plan cannot honour is always an error.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass, field
+
+from core_runner.config import EngineConfig
+from core_runner.registry import Registration
+
+logger = logging.getLogger(__name__)
+
+
+class UnsupportedError(ValueError):
+    """A requested option or a strict-mode downgrade that the plan cannot honour."""
+
+
+@dataclass(frozen=True)
+class ExecutionPlan:
+    attention_backend: str
+    sampler: str
+    cuda_graphs: bool
+    async_scheduling: bool
+    chunked_prefill: bool
+    downgrades: tuple[str, ...] = field(default=())
+
+
+def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
+    downgrades: list[str] = []
+
+    def downgrade(what: str, reason: str) -> None:
+        line = f"{what} off: {reason}"
+        if config.strict:
+            raise UnsupportedError(f"strict mode: {line} ({reg.architecture})")
+        logger.warning(line)
+        downgrades.append(line)
+
+    chunk = reg.capability("chunked_prefill")
+    if config.chunked_prefill_needed and not chunk.supported:
+        raise UnsupportedError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens} < max_model_len={config.max_model_len} "
+            f"needs chunked prefill, which {reg.architecture} declares {chunk.state}"
+            f"{': ' + chunk.reason if chunk.reason else ''}; raise max_num_batched_tokens to >= max_model_len"
+        )
+
+    on_cuda = config.device.startswith("cuda")
+    attention, sampler, graphs, async_sched = "torch", "torch", False, False
+    if on_cuda:
+        if not reg.capability("triton_attention").supported:
+            downgrade("Triton attention", f"{reg.architecture} declares triton_attention "
+                      f"{reg.capability('triton_attention').state}")
+        elif importlib.util.find_spec("triton") is None:
+            downgrade("Triton attention", "the triton package is not installed")
+        elif _triton_backend_available():
+            attention = "triton"
+        else:
+            downgrade("Triton attention", "core_runner.attention.triton_backend is not available in this build")
+        if config.enforce_eager:
+            logger.info("CUDA graphs off: enforce_eager=True")
+        else:
+            downgrade("CUDA graphs", "graph capture is not implemented in this version of the runner")
+        downgrade("async scheduling", "not implemented in this version of the runner")
+    else:
+        logger.info("device cpu: torch reference attention and sampler, eager, synchronous")
+    return ExecutionPlan(attention, sampler, graphs, async_sched, chunk.supported, tuple(downgrades))
+
+
+def _triton_backend_available() -> bool:
+    return importlib.util.find_spec("core_runner.attention.triton_backend") is not None

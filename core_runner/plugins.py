@@ -1,0 +1,107 @@
+"""Plugin discovery: pluggy hooks loaded from the ``core_runner`` entry-point group.
+
+A plugin module implements ``register_models(registry)`` with ``@hookimpl``. Loading
+can be narrowed with ``CORE_RUNNER_PLUGINS=name1,name2``. A plugin that fails to
+import, raises while registering, or registers nothing fails loudly with its name.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from importlib.metadata import entry_points, version, PackageNotFoundError
+from types import ModuleType
+from typing import Iterable
+
+import pluggy
+
+from core_runner.registry import Registry
+
+GROUP = "core_runner"
+hookspec = pluggy.HookspecMarker(GROUP)
+hookimpl = pluggy.HookimplMarker(GROUP)
+logger = logging.getLogger(__name__)
+
+
+class PluginError(RuntimeError):
+    """A plugin could not be loaded or registered nothing usable."""
+
+
+class Hookspecs:
+    @hookspec
+    def register_models(self, registry: Registry) -> None:
+        """Add architectures with ``registry.add(...)``."""
+
+
+def plugin_entry_points(names: Iterable[str] | None = None) -> list:
+    eps = list(entry_points(group=GROUP))
+    wanted = set(names) if names is not None else None
+    env = os.environ.get("CORE_RUNNER_PLUGINS")
+    if wanted is None and env:
+        wanted = {n.strip() for n in env.split(",") if n.strip()}
+    if wanted is not None:
+        found = {ep.name for ep in eps}
+        missing = wanted - found
+        if missing:
+            raise PluginError(
+                f"plugin entry point(s) {sorted(missing)} not found in group {GROUP!r}; "
+                f"installed: {sorted(found)}"
+            )
+        eps = [ep for ep in eps if ep.name in wanted]
+    return eps
+
+
+def dist_version(ep: object) -> str:
+    dist = getattr(ep, "dist", None)
+    if dist is not None:
+        return dist.version
+    try:
+        return version(ep.value.split(".")[0])
+    except PackageNotFoundError:
+        return "unknown"
+
+
+class PluginManager:
+    """Loads plugins and collects their registrations into one Registry."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(GROUP)
+        self.pm.add_hookspecs(Hookspecs)
+        self.registry = Registry()
+        self.plugins: dict[str, dict] = {}
+
+    def register_module(self, name: str, module: ModuleType | object, version: str = "unknown") -> None:
+        """Register one plugin object and run its ``register_models`` hook."""
+        try:
+            self.pm.register(module, name=name)
+        except Exception as e:
+            raise PluginError(f"plugin {name!r} could not be registered with pluggy: {e}") from e
+        others = [p for p in self.pm.get_plugins() if p is not module]
+        caller = self.pm.subset_hook_caller("register_models", remove_plugins=others)
+        before = set(self.registry.architectures())
+        self.registry.current_plugin = name
+        try:
+            caller(registry=self.registry)
+        except Exception as e:
+            raise PluginError(f"plugin {name!r} raised while registering models: {type(e).__name__}: {e}") from e
+        finally:
+            self.registry.current_plugin = "<direct>"
+        added = [r.architecture for r in self.registry.by_plugin(name)]
+        if not added and not (set(self.registry.architectures()) - before):
+            raise PluginError(f"plugin {name!r} registered no architecture (does it implement register_models?)")
+        self.plugins[name] = {"version": version, "architectures": added}
+
+    def load_entry_points(self, names: Iterable[str] | None = None) -> None:
+        for ep in plugin_entry_points(names):
+            try:
+                module = ep.load()
+            except Exception as e:
+                raise PluginError(
+                    f"plugin entry point {ep.name!r} ({ep.value}) failed to import: {type(e).__name__}: {e}"
+                ) from e
+            self.register_module(ep.name, module, dist_version(ep))
+
+
+def load_plugins(names: Iterable[str] | None = None) -> PluginManager:
+    pm = PluginManager()
+    pm.load_entry_points(names)
+    return pm

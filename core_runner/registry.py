@@ -1,0 +1,147 @@
+"""The architecture registry: which plugin provides which model, and what it can do.
+
+Registrations hold lazy ``"module:attr"`` strings, so listing models imports no torch
+model code. ``registry.toml`` lists the built-in architectures so that a missing
+plugin produces an error naming the package to install.
+"""
+from __future__ import annotations
+
+import importlib
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+CAPABILITIES = (
+    "chunked_prefill", "cuda_graphs", "async_scheduling", "prefix_caching", "triton_attention",
+)
+STATES = ("supported", "unsupported", "xfail")
+
+
+@dataclass(frozen=True)
+class Capability:
+    state: str
+    reason: str = ""
+
+    @classmethod
+    def parse(cls, name: str, value: Any) -> "Capability":
+        if isinstance(value, Capability):
+            return value
+        if isinstance(value, str) and value in ("supported", "unsupported"):
+            return cls(value)
+        if isinstance(value, str) and value.startswith("xfail"):
+            reason = value[len("xfail"):].lstrip(": ").strip()
+            if reason:
+                return cls("xfail", reason)
+        if isinstance(value, (tuple, list)) and len(value) == 2 and value[0] == "xfail" and value[1]:
+            return cls("xfail", str(value[1]))
+        raise ValueError(
+            f"capability {name}={value!r} is invalid: expected 'supported', 'unsupported' "
+            "or 'xfail: <reason>'"
+        )
+
+    @property
+    def supported(self) -> bool:
+        return self.state == "supported"
+
+
+@dataclass(frozen=True)
+class Registration:
+    architecture: str
+    model: str
+    model_state: str
+    capabilities: dict[str, Capability]
+    reference: str | None = None
+    examples: tuple[dict, ...] = ()
+    plugin: str = "<direct>"
+    tasks: tuple[str, ...] = ("generate",)
+
+    def capability(self, name: str) -> Capability:
+        return self.capabilities.get(name, Capability("unsupported", "not declared by the plugin"))
+
+    def load_model_class(self) -> Any:
+        return import_string(self.model, f"model of {self.architecture} (plugin {self.plugin!r})")
+
+    def load_model_state_class(self) -> Any:
+        return import_string(self.model_state, f"model_state of {self.architecture} (plugin {self.plugin!r})")
+
+
+def import_string(spec: str, what: str) -> Any:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"{what}: {spec!r} is not a 'module:attr' string")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ImportError(f"{what}: cannot import {spec!r}: {e}") from e
+
+
+def builtin_table() -> dict[str, dict]:
+    """The ``[architectures.*]`` tables of registry.toml."""
+    path = Path(__file__).with_name("registry.toml")
+    with open(path, "rb") as f:
+        return tomllib.load(f).get("architectures", {})
+
+
+def _check_lazy(name: str, value: Any) -> str:
+    if not isinstance(value, str) or ":" not in value:
+        raise ValueError(f"{name}={value!r} is invalid: expected a lazy 'module:attr' string")
+    return value
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._regs: dict[str, Registration] = {}
+        self.current_plugin = "<direct>"
+
+    def add(
+        self, architecture: str, model: str, model_state: str, *, capabilities: dict | None = None,
+        reference: str | None = None, examples: list | tuple = (), tasks: tuple[str, ...] = ("generate",),
+        override: bool = False,
+    ) -> None:
+        """Register an architecture. A duplicate is an error unless ``override=True``."""
+        if architecture in self._regs and not override:
+            prev = self._regs[architecture]
+            raise ValueError(
+                f"architecture {architecture!r} from plugin {self.current_plugin!r} is already registered "
+                f"by plugin {prev.plugin!r}; pass override=True to replace it"
+            )
+        caps = {}
+        for k, v in (capabilities or {}).items():
+            if k not in CAPABILITIES:
+                raise ValueError(f"capability {k!r} of {architecture} is unknown: expected one of {CAPABILITIES}")
+            caps[k] = Capability.parse(k, v)
+        self._regs[architecture] = Registration(
+            architecture=architecture, model=_check_lazy("model", model),
+            model_state=_check_lazy("model_state", model_state), capabilities=caps,
+            reference=reference, examples=tuple(examples), plugin=self.current_plugin, tasks=tuple(tasks),
+        )
+
+    def architectures(self) -> list[str]:
+        return sorted(self._regs)
+
+    def registrations(self) -> list[Registration]:
+        return [self._regs[a] for a in self.architectures()]
+
+    def by_plugin(self, plugin: str) -> list[Registration]:
+        return [r for r in self.registrations() if r.plugin == plugin]
+
+    def get(self, architecture: str) -> Registration:
+        if architecture in self._regs:
+            return self._regs[architecture]
+        known = builtin_table().get(architecture)
+        if known is not None:
+            raise ValueError(
+                f"architecture {architecture!r} is provided by the plugin package {known['package']!r}, "
+                f"which is not installed: pip install {known['package']} "
+                f"(or pip install -e plugins/{known['plugin']} from a checkout)"
+            )
+        raise ValueError(
+            f"architecture {architecture!r} is unknown: installed plugins provide {self.architectures()}; "
+            f"built-in plugins exist for {sorted(builtin_table())}"
+        )

@@ -1,0 +1,78 @@
+"""Device tables edited from the host without a barrier.
+
+``StagedWriteTensor``: ragged edits (a prompt's token ids, a few new block ids, one
+scalar per new request) are staged on the host, packed into one buffer, copied with one
+host-to-device copy and applied by one scatter. The host never reads the device table.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _to_bits(values: torch.Tensor) -> torch.Tensor:
+    """Values of any 4- or 8-byte dtype as int64 words (bit-exact)."""
+    if values.dtype in (torch.float32,):
+        return values.view(torch.int32).to(torch.int64)
+    if values.dtype == torch.float64:
+        return values.view(torch.int64)
+    return values.to(torch.int64)
+
+
+def _from_bits(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    if dtype == torch.float32:
+        return words.to(torch.int32).view(torch.float32)
+    if dtype == torch.float64:
+        return words.view(torch.float64)
+    return words.to(dtype)
+
+
+class StagedWriteTensor:
+    """A 1-D or 2-D device tensor whose edits are staged on the host and applied in bulk."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+        if len(shape) not in (1, 2):
+            raise ValueError(f"StagedWriteTensor supports 1-D or 2-D shapes, got {shape}")
+        if dtype not in (torch.int32, torch.int64, torch.float32, torch.float64):
+            raise ValueError(f"StagedWriteTensor dtype {dtype} unsupported: use int32/int64/float32/float64")
+        self.shape = shape
+        self.device = torch.device(device)
+        self.gpu = torch.zeros(shape, dtype=dtype, device=self.device)
+        self._cols = shape[1] if len(shape) == 2 else 1
+        self._idx: list[torch.Tensor] = []
+        self._vals: list[torch.Tensor] = []
+        self._pin = self.device.type == "cuda"
+
+    def stage_write(self, row: int, start: int, values: list | torch.Tensor) -> None:
+        """Stage ``table[row, start:start+len(values)] = values``."""
+        vals = torch.as_tensor(values, dtype=self.gpu.dtype).reshape(-1)
+        if not 0 <= row < self.shape[0] or start < 0 or start + vals.numel() > self._cols:
+            raise IndexError(
+                f"staged write row={row} cols [{start}, {start + vals.numel()}) is outside the table {self.shape}"
+            )
+        if vals.numel() == 0:
+            return
+        base = row * self._cols + start
+        self._idx.append(torch.arange(base, base + vals.numel(), dtype=torch.int64))
+        self._vals.append(vals)
+
+    def stage_scalar(self, row: int, value: float | int) -> None:
+        self.stage_write(row, 0, [value])
+
+    @property
+    def has_staged(self) -> bool:
+        return bool(self._idx)
+
+    def apply_staged_writes(self) -> None:
+        """One host-to-device copy of [indices | values], one scatter kernel."""
+        if not self._idx:
+            return
+        idx = torch.cat(self._idx)
+        vals = _to_bits(torch.cat(self._vals))
+        packed = torch.cat([idx, vals])
+        if self._pin:
+            packed = packed.pin_memory()
+        packed = packed.to(self.device, non_blocking=True)
+        n = idx.numel()
+        self.gpu.view(-1).index_copy_(0, packed[:n], _from_bits(packed[n:], self.gpu.dtype))
+        self._idx.clear()
+        self._vals.clear()

@@ -1,0 +1,3 @@
+from core_runner.sample.sampler import Sampler, SamplerOutput
+
+__all__ = ["Sampler", "SamplerOutput"]

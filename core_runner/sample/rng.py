@@ -1,0 +1,54 @@
+"""A stateless counter-based RNG keyed by (seed, position, vocab index).
+
+The same 32-bit integer hash is written for torch (here) and for Triton, so CPU and
+GPU draw the same uniforms. torch has no uint32 arithmetic, so products are formed in
+int64 from 16-bit halves and masked, which never overflows and matches the wrapping
+uint32 multiply of the kernel bit for bit.
+"""
+from __future__ import annotations
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B1
+M1 = 0x85EBCA6B
+M2 = 0xC2B2AE35
+
+
+def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for int64 tensors holding uint32 values."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
+
+
+def fmix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = mul32(x, M1)
+    x = x ^ (x >> 13)
+    x = mul32(x, M2)
+    return x ^ (x >> 16)
+
+
+def row_keys(seeds: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two 32-bit keys per row from a 64-bit seed and the sampled token's position."""
+    seeds = seeds.to(torch.int64)
+    lo = seeds & MASK32
+    hi = (seeds >> 32) & MASK32
+    pos = positions.to(torch.int64) & MASK32
+    k1 = fmix32(lo ^ fmix32(hi ^ mul32(pos + 1, GOLDEN)))
+    k2 = fmix32(k1 ^ M2)
+    return k1, k2
+
+
+def uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[n, vocab_size] float32 uniforms in (0, 1), a pure function of the inputs."""
+    k1, k2 = row_keys(seeds, positions)
+    col = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    h = fmix32(mul32(col + 1, GOLDEN)[None, :] ^ k1[:, None])
+    h = fmix32(h ^ k2[:, None])
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def gumbel(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    u = uniform(seeds, positions, vocab_size)
+    return -torch.log(-torch.log(u))

@@ -1,0 +1,1 @@
+"""Qwen3 family for core-runner (registered through the ``core_runner`` entry point)."""

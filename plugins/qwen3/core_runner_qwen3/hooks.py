@@ -1,0 +1,31 @@
+"""Entry point module: registers the Qwen3 architectures. Imports no torch."""
+from core_runner import hookimpl
+
+CAPABILITIES = {
+    "chunked_prefill": "supported",
+    "cuda_graphs": "supported",
+    "async_scheduling": "supported",
+    "prefix_caching": "unsupported",
+    "triton_attention": "supported",
+}
+
+TINY = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+    rms_norm_eps=1e-6, rope_theta=10000.0,
+)
+
+
+@hookimpl
+def register_models(registry):
+    registry.add(
+        architecture="Qwen3ForCausalLM",
+        model="core_runner_qwen3.model:Qwen3ForCausalLM",
+        model_state="model_states.default:DefaultModelState",
+        capabilities=CAPABILITIES,
+        reference="transformers:Qwen3ForCausalLM",
+        examples=[
+            {"name": "tiny-untied", "config": {**TINY, "tie_word_embeddings": False}},
+            {"name": "tiny-tied", "config": {**TINY, "tie_word_embeddings": True, "num_key_value_heads": 4}},
+        ],
+    )
