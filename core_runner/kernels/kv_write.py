@@ -29,7 +29,9 @@ def _write_kv_kernel(
     h = tl.program_id(1) * HEAD_TILE + tl.arange(0, HEAD_TILE)
     d = tl.arange(0, BLOCK_D)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
-    mask = (slot >= 0) & (h[:, None] < num_kv_heads) & (d[None, :] < head_size)
+    # (h * 0 + slot): a scalar-vs-block `&` breaks Triton's CPU interpreter
+    h_ok = (h < num_kv_heads) & ((h * 0 + slot) >= 0)
+    mask = h_ok[:, None] & (d[None, :] < head_size)
     # For slot < 0 the address below is bogus but never touched (fully masked).
     dst = (slot // BLOCK_SIZE) * s_cb + (slot % BLOCK_SIZE) * s_co + h[:, None] * s_ch + d[None, :] * s_cd
     k = tl.load(k_ptr + tok * s_kt + h[:, None] * s_kh + d[None, :] * s_kd, mask=mask)

@@ -43,6 +43,8 @@ class ModelRunner:
         self.sampler = Sampler()
         self.generates = "generate" in model_state.supported_tasks
         self.kv_caches: dict[str, Any] = {}
+        # set to a list to record (req_ids, logits) of every real step (tests, conformance)
+        self.recorded_logits: list[tuple[list[str], torch.Tensor]] | None = None
 
     # ---- memory -------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -158,6 +160,8 @@ class ModelRunner:
         )
         if batch.is_dummy:
             return ModelRunnerOutput(batch.req_ids, [])
+        if self.recorded_logits is not None:
+            self.recorded_logits.append((batch.req_ids, logits.float().cpu()))
         # 9. post-update on the device, 10. family post-processing
         tables = self.req_state.tables()
         num_sched = (batch.query_start_loc[1:] - batch.query_start_loc[:-1])

@@ -23,11 +23,11 @@ def _case(device, num_parts, num_blocks, block_size, kv_heads, head_size, num_to
 def test_matches_reference(device, slot_dtype, block_size, kv_heads, head_size):
     cache, k, v, slots = _case(device, 2, 12, block_size, kv_heads, head_size, 9, slot_dtype)
     expected = cache.clone()
-    write_kv_ref(expected, k, v, slots)
+    write_kv_ref(expected, k, v, slots.long())
     before = cache.clone()
     write_kv_triton(cache, k, v, slots)
     assert torch.equal(cache, expected)
-    written = (cache != before).flatten(2).any(-1).sum().item()  # (part, slot) rows changed
+    written = (cache != before).flatten(1, 2).flatten(2).any(-1).sum().item()  # (part, slot) rows
     assert written == 2 * int((slots >= 0).sum())
 
 
@@ -42,7 +42,7 @@ def test_all_padding_is_noop(device):
 def test_key_only_cache(device):
     cache, k, _, slots = _case(device, 1, 5, 3, 2, 80, 6, torch.int64, seed=1)
     expected = cache.clone()
-    write_kv_ref(expected, k, k, slots)
+    write_kv_ref(expected, k, k, slots.long())
     write_kv_triton(cache, k, None, slots)
     assert torch.equal(cache, expected)
 
@@ -54,7 +54,7 @@ def test_strided_views_of_fused_qkv(device):
     k, v = qkv[:, 4:6], qkv[:, 6:8]
     assert not k.is_contiguous()
     expected = cache.clone()
-    write_kv_ref(expected, k, v, slots)
+    write_kv_ref(expected, k, v, slots.long())
     write_kv_triton(cache, k, v, slots)
     assert torch.equal(cache, expected)
 
@@ -63,7 +63,7 @@ def test_casts_to_cache_dtype(device):
     cache, k, v, slots = _case(device, 2, 4, 16, 2, 64, 5, torch.int64, seed=3)
     cache = cache.half()
     expected = cache.clone()
-    write_kv_ref(expected, k, v, slots)
+    write_kv_ref(expected, k, v, slots.long())
     write_kv_triton(cache, k, v, slots)
     assert torch.equal(cache, expected)
 
@@ -83,7 +83,7 @@ def test_gpu_large(dtype, block_size, slot_dtype):
     cache, k, v, slots = _case("cuda", 2, 600, block_size, 8, 128, 2048, slot_dtype, seed=4)
     cache, k, v = cache.to(dtype), k.to(dtype), v.to(dtype)
     expected = cache.clone()
-    write_kv_ref(expected, k, v, slots)
+    write_kv_ref(expected, k, v, slots.long())
     write_kv_triton(cache, k, v, slots)
     assert torch.equal(cache, expected)
 

@@ -1,0 +1,33 @@
+"""Triton attention backend: the cache write and one-launch paged attention.
+
+It forwards the host-side bounds of the metadata (max_query_len, max_seq_len) so
+that the kernels never read device values, which keeps forward capturable in CUDA
+graphs; everything else it reads is device tensors.
+"""
+from __future__ import annotations
+
+import torch
+
+from core_runner.attention.backend import AttentionBackend, AttnMetadata
+from core_runner.kernels.kv_write import write_kv_triton
+from core_runner.kernels.paged_attention import paged_attention_triton
+
+
+class TritonPagedAttention(AttentionBackend):
+    name = "triton"
+
+    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
+        write_kv_triton(kv_cache, k, v, md.slot_mapping)
+
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float) -> torch.Tensor:
+        return paged_attention_triton(
+            q,
+            kv_cache,
+            md.query_start_loc,
+            md.seq_lens,
+            md.block_tables,
+            scale,
+            causal=md.causal,
+            max_query_len=md.max_query_len,
+            max_seq_len=md.max_seq_len,
+        )

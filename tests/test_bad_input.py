@@ -1,0 +1,128 @@
+"""Bad input gets a clear error naming the value, and harms no other request."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from core_runner import LLM, EngineConfig, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("badinput")
+    cfg = transformers.Qwen3Config(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    transformers.Qwen3ForCausalLM(cfg).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture()
+def llm(tiny_ckpt):
+    return LLM(tiny_ckpt, dtype="float32", max_model_len=32, max_num_seqs=4, block_size=4, num_kv_blocks=32)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"temperature": -0.5}, r"temperature=-0.5 is invalid: expected a number >= 0"),
+    ({"top_p": 0.0}, r"top_p=0.0 is invalid: expected a number in \(0, 1\]"),
+    ({"top_p": 1.5}, r"top_p=1.5 is invalid"),
+    ({"top_k": 0}, r"top_k=0 is invalid: expected -1 \(disabled\) or an integer >= 1"),
+    ({"max_tokens": 0}, r"max_tokens=0 is invalid"),
+    ({"seed": -1}, r"seed=-1 is invalid"),
+    ({"stop_token_ids": [-3]}, r"stop_token_ids"),
+])
+def test_invalid_sampling_params_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"dtype": "fp8"}, r"dtype='fp8' is invalid"),
+    ({"device": "tpu"}, r"device='tpu' is invalid"),
+    ({"block_size": 0}, r"block_size=0 is invalid"),
+    ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens=0 is invalid"),
+    ({"num_kv_blocks": 0}, r"num_kv_blocks=0 is invalid"),
+])
+def test_invalid_engine_options_name_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(model="x", **kwargs)
+
+
+def test_pool_too_small_for_one_request(tiny_ckpt):
+    with pytest.raises(ValueError, match=r"num_kv_blocks=2 cannot hold one request of max_model_len=32"):
+        LLM(tiny_ckpt, dtype="float32", max_model_len=32, block_size=4, num_kv_blocks=2)
+
+
+def test_max_model_len_beyond_model_positions(tiny_ckpt):
+    with pytest.raises(ValueError, match=r"max_model_len=1000 exceeds .*max_position_embeddings=256"):
+        LLM(tiny_ckpt, dtype="float32", max_model_len=1000, num_kv_blocks=300)
+
+
+def test_prompt_too_long_and_empty_prompt(llm):
+    with pytest.raises(ValueError, match=r"prompt 1: prompt has 32 tokens but max_model_len=32 allows at most 31"):
+        llm.generate([[5] * 4, [5] * 32], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"prompt 0: prompt is empty"):
+        llm.generate([[]], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"token id 500 is outside the vocabulary \[0, 128\)"):
+        llm.generate([[1, 500]], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"no tokenizer: pass prompts as lists of token ids"):
+        llm.generate(["text"], SamplingParams(max_tokens=2))
+    # nothing was left queued by the rejected batches
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_prompt_of_max_model_len_minus_one_generates_one_token(llm):
+    out = llm.generate([[7] * 31], SamplingParams(max_tokens=5, temperature=0.0))[0]
+    assert len(out.token_ids) == 1 and out.finish_reason == "length"
+
+
+def test_bad_request_does_not_harm_the_batch(llm):
+    good = [[3, 4, 5, 6], [9] * 10]
+    params = SamplingParams(max_tokens=6, temperature=0.0)
+    expected = [o.token_ids for o in llm.generate(good, params)]
+    eng = llm.engine
+    eng.add_request(good[0], params, req_id="g0")
+    eng.step()  # g0 is running when the bad ones arrive
+    for bad in ([1] * 40, [], [1, 999]):
+        with pytest.raises(ValueError):
+            eng.add_request(bad, params, req_id="bad")
+    with pytest.raises(ValueError, match="already in use"):
+        eng.add_request(good[1], params, req_id="g0")
+    eng.add_request(good[1], params, req_id="g1")
+    done = {}
+    while eng.has_unfinished_requests():
+        done.update({o.req_id: o.token_ids for o in eng.step()})
+    assert [done["g0"], done["g1"]] == expected
+
+
+def test_sampling_params_count_must_match_prompts(llm):
+    with pytest.raises(ValueError, match="got 3 SamplingParams for 2 prompts"):
+        llm.generate([[1], [2]], [SamplingParams()] * 3)
+
+
+def test_unknown_architecture_error(tmp_path, tiny_ckpt):
+    with open(f"{tiny_ckpt}/config.json") as f:
+        cfg = json.load(f)
+    cfg["architectures"] = ["MadeUpForCausalLM"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"'MadeUpForCausalLM' is unknown: installed plugins provide \["):
+        LLM(str(tmp_path))
+
+
+def test_missing_checkpoint_dir():
+    with pytest.raises(FileNotFoundError, match="no config.json there"):
+        LLM("/nonexistent/checkpoint")
+
+
+def test_cli_reports_errors_cleanly(tiny_ckpt, capsys):
+    from core_runner.cli import main
+
+    rc = main(["generate", "--model", tiny_ckpt, "--max-model-len", "16", "--num-kv-blocks", "8",
+               "--temperature", "-1", "hello"])
+    assert rc == 2
+    assert "temperature=-1.0 is invalid" in capsys.readouterr().err
