@@ -18,7 +18,8 @@ class EngineConfig:
     ``max_num_batched_tokens`` is the token budget of one step; a value below
     ``max_model_len`` needs a model whose plugin supports chunked prefill.
     ``num_kv_blocks=None`` sizes the KV pool from free memory
-    (``kv_cache_memory_fraction`` of it).
+    (``kv_cache_memory_fraction`` of it). ``async_scheduling=None`` means on for CUDA,
+    off for the CPU (where it is allowed, but has nothing to overlap).
     """
 
     model: str
@@ -35,6 +36,7 @@ class EngineConfig:
     enforce_eager: bool = False
     tokenizer: str | None = None
     max_logprobs: int = 20
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:

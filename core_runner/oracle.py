@@ -62,11 +62,24 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
             downgrade("Triton attention", "core_runner.attention.triton_backend is not available in this build")
         if config.enforce_eager:
             logger.info("CUDA graphs off: enforce_eager=True")
+        elif not reg.capability("cuda_graphs").supported:
+            downgrade("CUDA graphs", f"{reg.architecture} declares cuda_graphs {reg.capability('cuda_graphs').state}")
+        elif attention != "triton":
+            downgrade("CUDA graphs", "they need the Triton kernels, which are off")
         else:
-            downgrade("CUDA graphs", "graph capture is not implemented in this version of the runner")
-        downgrade("async scheduling", "not implemented in this version of the runner")
+            graphs = True
     else:
-        logger.info("device cpu: torch reference attention and sampler, eager, synchronous")
+        logger.info("device cpu: torch reference attention and sampler, eager")
+    cap = reg.capability("async_scheduling")
+    if config.async_scheduling is True and not cap.supported:
+        raise UnsupportedError(f"async_scheduling=True but {reg.architecture} declares async_scheduling {cap.state}")
+    if config.async_scheduling is None and on_cuda:
+        if cap.supported:
+            async_sched = True
+        else:
+            downgrade("async scheduling", f"{reg.architecture} declares async_scheduling {cap.state}")
+    else:
+        async_sched = bool(config.async_scheduling)
     return ExecutionPlan(attention, sampler, graphs, async_sched, chunk.supported, tuple(downgrades))
 
 

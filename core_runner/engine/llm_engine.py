@@ -4,6 +4,7 @@ from __future__ import annotations
 import itertools
 import logging
 import random
+from collections import deque
 from typing import Any, Sequence
 
 import torch
@@ -12,13 +13,15 @@ from core_runner.attention.backend import get_backend
 from core_runner.config import EngineConfig
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
-from core_runner.engine.scheduler import Scheduler, cdiv
+from core_runner.engine.scheduler import Scheduler
+from core_runner.engine.scheduler_output import SchedulerOutput
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
     architecture_of, build_model, eos_token_ids, load_hf_config, load_tokenizer, resolve_dtype,
 )
 from core_runner.oracle import plan_execution
 from core_runner.plugins import PluginManager, load_plugins
+from core_runner.runner.async_output import AsyncOutput
 from core_runner.runner.model_runner import ModelRunner
 from core_runner.sampling_params import SamplingParams
 
@@ -54,7 +57,10 @@ class LLMEngine:
         self.model = build_model(model_cls, self.hf_config, self.dtype, config.device, config.model)
         state_cls = self.registration.load_model_state_class()
         self.model_state = state_cls(config, self.model, torch.device(config.device))
-        self.runner = ModelRunner(config, self.model, self.model_state, get_backend(self.plan.attention_backend))
+        self.runner = ModelRunner(
+            config, self.model, self.model_state, get_backend(self.plan.attention_backend),
+            triton_kernels=self.plan.attention_backend == "triton", cuda_graphs=self.plan.cuda_graphs,
+        )
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         if self.num_blocks < config.max_blocks_per_req:
             raise ValueError(
@@ -63,6 +69,10 @@ class LLMEngine:
                 "lower max_model_len"
             )
         self.runner.initialize_kv_cache(self.num_blocks)
+        self.runner.capture_graphs()
+        # async scheduling: step N+1 is launched before step N's tokens are read
+        self._in_flight: deque[tuple[SchedulerOutput, AsyncOutput]] = deque()
+        self._depth = 1 if self.plan.async_scheduling else 0
         self.scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, block_size=config.block_size, num_blocks=self.num_blocks,
@@ -151,17 +161,22 @@ class LLMEngine:
         self.scheduler.abort(req_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._in_flight)
 
     def step(self) -> list[RequestOutput]:
+        """Launch one step; return the requests finished by the oldest step in flight."""
         out = self.scheduler.schedule()
-        result = self.runner.execute_model(out)
-        finished = self.scheduler.update_from_output(out, result)
+        if not out.is_empty or out.finished_req_ids or out.preempted_req_ids or out.new_reqs:
+            self._in_flight.append((out, self.runner.execute_model(out)))
+        finished = []
+        while self._in_flight and (len(self._in_flight) > self._depth or out.is_empty):
+            done_out, handle = self._in_flight.popleft()
+            finished += self.scheduler.update_from_output(done_out, handle.get())
+            if out.is_empty:
+                break
         return [self._output(r) for r in finished]
 
     def dummy_run(self, num_reqs: int, num_tokens: int) -> None:
-        from core_runner.engine.scheduler_output import SchedulerOutput
-
         so = SchedulerOutput(num_scheduled_tokens={f"d{i}": 1 for i in range(num_reqs)})
         so.num_scheduled_tokens[f"d{num_reqs - 1}"] += max(0, num_tokens - num_reqs)
         self.runner.execute_model(so, dummy=True)

@@ -25,6 +25,8 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
+    # tokens scheduled to be sampled whose values have not come back yet (async)
+    num_pending: int = 0
     block_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     num_preemptions: int = 0
@@ -38,7 +40,16 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.prompt_token_ids) + len(self.output_token_ids)
+        """Known tokens plus the ones already scheduled to be sampled."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+
+    @property
+    def fully_scheduled(self) -> bool:
+        """No further step is needed: the outputs in flight complete the request."""
+        sp = self.sampling_params
+        if sp is None:
+            return self.num_pending > 0 or self.pooled is not None
+        return len(self.output_token_ids) + self.num_pending >= sp.max_tokens
 
     @property
     def all_token_ids(self) -> list[int]:

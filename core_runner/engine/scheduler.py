@@ -4,8 +4,12 @@ Each step: running requests first (oldest first), each taking the tokens it stil
 to compute up to the remaining token budget; then waiting requests while rows, budget
 and blocks last. When a running request needs a block and none is free, the newest
 running request is preempted: its blocks are freed and it goes back to the front of the
-queue, to re-prefill its prompt plus what it had generated. The scheduler deals only in
-token counts, never token values, so it can run ahead of the device.
+queue, to re-prefill its prompt plus what it had generated.
+
+The scheduler deals in token counts, never token values, so it can run one step ahead
+of the device (async scheduling): a request whose sample is in flight counts that token
+as pending, and its next decode reads the token on the device. Values come back in
+``update_from_output``, which applies the stop rules.
 """
 from __future__ import annotations
 
@@ -50,20 +54,20 @@ class Scheduler:
 
     def abort(self, req_id: str) -> Request | None:
         req = self.requests.get(req_id)
-        if req is None or req.is_finished:
+        if req is None:
             return None
-        if req in self.waiting:
-            self.waiting.remove(req)
         self._finish(req, "abort")
         return req
 
     def has_unfinished(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.requests)
 
     def _finish(self, req: Request, reason: str) -> None:
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
             self._finished_ids.add(req.req_id)
+        elif req in self.waiting:
+            self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         self.pool.free(req.block_ids)
@@ -76,7 +80,6 @@ class Scheduler:
         req.block_ids = []
         req.num_computed_tokens = 0
         req.status = RequestStatus.PREEMPTED
-        req.needs_add = True
         req.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted_req_ids.add(req.req_id)
@@ -91,6 +94,19 @@ class Scheduler:
         req.block_ids.extend(new)
         return new
 
+    def _wants_tokens(self, req: Request) -> int:
+        if req.fully_scheduled or req.num_tokens >= self.max_model_len:
+            return 0
+        return req.num_tokens - req.num_computed_tokens
+
+    def _commit(self, req: Request, n: int, out: SchedulerOutput) -> None:
+        out.num_scheduled_tokens[req.req_id] = n
+        out.num_computed_tokens[req.req_id] = req.num_computed_tokens
+        req.num_computed_tokens += n
+        if req.num_computed_tokens == req.num_tokens:
+            req.num_pending += 1
+            out.sample_req_ids.add(req.req_id)
+
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput(finished_req_ids=self._finished_ids)
@@ -99,7 +115,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
+            n = min(self._wants_tokens(req), budget)
             if n <= 0:
                 i += 1
                 continue
@@ -114,12 +130,13 @@ class Scheduler:
                 break
             if new_blocks:
                 out.new_block_ids[req.req_id] = new_blocks
-            out.num_scheduled_tokens[req.req_id] = n
-            out.num_computed_tokens[req.req_id] = req.num_computed_tokens
+            self._commit(req, n, out)
             budget -= n
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
+            if req.num_pending:
+                break  # its last token is still in flight: re-add once it is known
             n = min(req.num_tokens, budget)
             if n < req.num_tokens and not self.chunked_prefill:
                 break
@@ -133,24 +150,20 @@ class Scheduler:
                 sampling_params=req.sampling_params, seed=req.seed, block_ids=list(req.block_ids),
                 pooling_params=req.pooling_params,
             ))
-            req.needs_add = False
-            out.num_scheduled_tokens[req.req_id] = n
-            out.num_computed_tokens[req.req_id] = 0
+            self._commit(req, n, out)
             budget -= n
         return out
 
     def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
-        """Advance counts, append sampled tokens, apply stop rules; returns finished requests."""
+        """Take the sampled values of one step; returns the requests that finished."""
         finished = []
         sampled = dict(zip(result.req_ids, result.sampled_token_ids))
         pooled = dict(zip(result.req_ids, result.pooled)) if result.pooled else {}
-        for req_id, n in out.num_scheduled_tokens.items():
+        for req_id in out.sample_req_ids:
             req = self.requests.get(req_id)
-            if req is None or req.status != RequestStatus.RUNNING:
-                continue
-            req.num_computed_tokens += n
-            if req.num_computed_tokens < req.num_tokens:
-                continue  # a prefill chunk: nothing sampled yet
+            if req is None:
+                continue  # finished or aborted while this step was in flight
+            req.num_pending -= 1
             if req.sampling_params is None:
                 req.pooled = pooled.get(req_id)
                 self._finish(req, "stop")
@@ -172,6 +185,6 @@ class Scheduler:
                 return "stop"
             if not sp.ignore_eos and token in req.eos_token_ids:
                 return "stop"
-        if n_out >= sp.max_tokens or req.num_tokens >= self.max_model_len:
+        if n_out >= sp.max_tokens or len(req.all_token_ids) >= self.max_model_len:
             return "length"
         return None

@@ -32,6 +32,8 @@ class SchedulerOutput:
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     # tokens already in the cache before this step
     num_computed_tokens: dict[str, int] = field(default_factory=dict)
+    # requests that reach the end of their known tokens this step: their sample is real
+    sample_req_ids: set[str] = field(default_factory=set)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
 

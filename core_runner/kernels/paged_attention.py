@@ -31,23 +31,59 @@ import triton
 import triton.language as tl
 
 _LOG2E = 1.4426950408889634
-_NEG_BIG = -1.0e30  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
+_NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
+
+
+@triton.jit
+def _attend_tile(
+    q, m_i, l_i, acc, start, kv_hi, r_pos, bt_row, kc_ptr, vc_ptr, kv_head_off, s_cb, s_co, qk_scale,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_SIZE: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One online-softmax step over keys [start, start + BLOCK_N), gathered per token
+    through the block table. MASKED=False promises every key is in range and visible."""
+    n = start + tl.arange(0, BLOCK_N)
+    d = tl.arange(0, BLOCK_D)
+    n_ok = n < kv_hi
+    if MASKED:
+        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0)
+        kv_mask = n_ok[:, None] & (d < HEAD_SIZE)[None, :]
+    else:
+        blk = tl.load(bt_row + n // BLOCK_SIZE)
+        kv_mask = (d < HEAD_SIZE)[None, :]  # folds away when BLOCK_D == HEAD_SIZE
+    kv_off = blk.to(tl.int64) * s_cb + (n % BLOCK_SIZE) * s_co + kv_head_off
+    k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        keep = n_ok[None, :]
+        if CAUSAL:
+            keep = keep & (n[None, :] <= r_pos[:, None])
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
 
 
 @triton.jit
 def _attn_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
     qsl_ptr, seq_lens_ptr, bt_ptr,
-    num_tokens, num_reqs, num_main, head_size, qk_scale,
+    num_tokens, num_reqs, num_main, qk_scale,
     s_qt, s_qh, s_ot, s_oh, s_bt,
     s_cb, s_co, s_ch,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, CAUSAL: tl.constexpr,
+    BLOCK_D: tl.constexpr, HEAD_SIZE: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, CAUSAL: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
-    pid = tl.program_id(0)
+    # Reversed so the heaviest work starts first: prefills sit after the decode rows
+    # and a request's last query blocks see the most keys.
+    pid = tl.num_programs(0) - 1 - tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
 
@@ -99,7 +135,7 @@ def _attn_kernel(
     r_pos = pos0 + r_tok
     tok = (tok0 + r_tok).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
-    d_ok = d < head_size
+    d_ok = d < HEAD_SIZE
 
     q = tl.load(q_ptr + tok[:, None] * s_qt + r_head[:, None] * s_qh + d[None, :],
                 mask=row_ok[:, None] & d_ok[None, :], other=0.0)
@@ -109,27 +145,22 @@ def _attn_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     kv_head_off = kvh.to(tl.int64) * s_ch
     bt_row = bt_ptr + req.to(tl.int64) * s_bt
-    offs_n = tl.arange(0, BLOCK_N)
 
-    for start in range(kv_lo, kv_hi, BLOCK_N):
-        n = start + offs_n
-        n_ok = n < kv_hi
-        blk = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-        kv_off = blk * s_cb + (n % BLOCK_SIZE) * s_co + kv_head_off
-        kv_mask = n_ok[:, None] & d_ok[None, :]
-        k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
-        keep = n_ok[None, :]
-        if CAUSAL:
-            keep = keep & (n[None, :] <= r_pos[:, None])
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION)
-        m_i = m_new
+    # Keys below pos0 + 1 are visible to every row: whole tiles there skip all masks
+    # (for decode that is every tile but the last); the rest go through the masked path.
+    if CAUSAL:
+        full_end = tl.minimum(pos0 + 1, kv_hi)
+    else:
+        full_end = kv_hi
+    full_end = kv_lo + (tl.maximum(full_end - kv_lo, 0) // BLOCK_N) * BLOCK_N
+    for start in range(kv_lo, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start, kv_hi, r_pos, bt_row, kc_ptr, vc_ptr, kv_head_off, s_cb, s_co,
+            qk_scale, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_SIZE, False, CAUSAL, DOT_PRECISION)
+    for start in range(full_end, kv_hi, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, start, kv_hi, r_pos, bt_row, kc_ptr, vc_ptr, kv_head_off, s_cb, s_co,
+            qk_scale, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_SIZE, True, CAUSAL, DOT_PRECISION)
 
     if NUM_SPLITS > 1:
         part = (tok * NUM_HEADS + r_head) * NUM_SPLITS + split
@@ -145,8 +176,8 @@ def _attn_kernel(
 
 @triton.jit
 def _merge_splits_kernel(
-    out_ptr, m_ptr, l_ptr, acc_ptr, head_size, s_ot, s_oh,
-    NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    out_ptr, m_ptr, l_ptr, acc_ptr, s_ot, s_oh,
+    HEAD_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -160,28 +191,35 @@ def _merge_splits_kernel(
     w = tl.exp2(m - tl.max(m, 0))  # max is finite: every real split wrote >= _NEG_BIG
     l_tot = tl.sum(w * l, 0)
     o = tl.sum(w[:, None] * acc, 0) / tl.where(l_tot > 0.0, l_tot, 1.0)
-    tl.store(out_ptr + tok * s_ot + head * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < head_size)
+    tl.store(out_ptr + tok * s_ot + head * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_SIZE)
 
 
 def _pick_num_splits(device: torch.device, num_reqs: int, kv_heads: int, max_seq_len: int) -> int:
-    """Enough splits to give every SM ~2 programs, each still >= 256 context tokens."""
+    """Split until there are ~4 programs per SM (a decode program alone cannot keep an
+    SM's memory pipe busy), each still covering >= 256 context tokens, at most 16."""
     if device.type != "cuda":
         return 1
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
     work = max(num_reqs * kv_heads, 1)
-    if work >= num_sms:
+    if work >= 4 * num_sms:
         return 1
-    splits = min(triton.cdiv(2 * num_sms, work), max_seq_len // 256, 32)
-    return max(splits, 1)
+    return max(min(triton.cdiv(4 * num_sms, work), max_seq_len // 256, 16), 1)
 
 
-def _launch_config(block_m: int, block_d: int, elem_bytes: int, device: torch.device) -> dict:
-    """Tile and warp choices for Hopper: K+V tiles of BLOCK_N x BLOCK_D, kept <= 32 KiB
-    per stage so three stages fit shared memory (fp32, used by tests, gets smaller tiles)."""
+def _launch_config(max_query_len: int, group_pad: int, block_d: int, elem_bytes: int,
+                   device: torch.device) -> dict:
+    """Tiles and warps measured on an H200 (bf16, D=128): decode-like batches take
+    16-row tiles (one token x group, padded), anything longer 64-row tiles; K+V tiles
+    stay <= 32 KiB per pipeline stage (fp32, used by tests, gets narrower tiles)."""
     block_n = 64 if block_d * elem_bytes <= 256 else 32
-    num_warps = 8 if block_m >= 128 else 4
-    num_stages = 3 if device.type == "cuda" else 1
-    return {"BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages}
+    if max_query_len * group_pad <= 16:
+        cfg = {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 3}
+    else:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
+    cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
+    if device.type != "cuda":
+        cfg["num_stages"] = 1
+    return cfg
 
 
 def paged_attention_triton(
@@ -220,8 +258,8 @@ def paged_attention_triton(
     group = num_heads // kv_heads
     group_pad = triton.next_power_of_2(group)
     block_d = max(triton.next_power_of_2(head_size), 16)
-    block_m = 16 if max_query_len * group_pad <= 16 else 64
-    block_m = max(block_m, group_pad)
+    cfg = _launch_config(max_query_len, group_pad, block_d, kv_cache.element_size(), q.device)
+    block_m = cfg["BLOCK_M"]
     block_q = block_m // group_pad
     one_block = max_query_len <= block_q
     num_main = num_reqs if one_block else num_tokens // block_q + num_reqs
@@ -231,7 +269,6 @@ def paged_attention_triton(
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
             num_splits = _pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
-    cfg = _launch_config(block_m, block_d, kv_cache.element_size(), q.device)
     if q.dtype == torch.float32:
         dot_precision = "ieee"
     else:
@@ -247,18 +284,18 @@ def paged_attention_triton(
     _attn_kernel[grid](
         q, kv_cache[0], kv_cache[-1], out, m_buf, l_buf, acc_buf,
         query_start_loc, seq_lens, block_tables,
-        num_tokens, num_reqs, num_main, head_size, scale * _LOG2E,
+        num_tokens, num_reqs, num_main, scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=group_pad,
-        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d, HEAD_SIZE=head_size,
         ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            out, m_buf, l_buf, acc_buf, head_size, out.stride(0), out.stride(1),
-            NUM_HEADS=num_heads, NUM_SPLITS=num_splits,
+            out, m_buf, l_buf, acc_buf, out.stride(0), out.stride(1),
+            HEAD_SIZE=head_size, NUM_HEADS=num_heads, NUM_SPLITS=num_splits,
             SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4,
         )
     return out

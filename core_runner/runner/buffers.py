@@ -26,6 +26,15 @@ def _from_bits(words: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return words.to(dtype)
 
 
+def _triton_scatter():
+    """The Triton scatter kernel when available (CUDA builds), else None."""
+    try:
+        from core_runner.kernels.input_prep_triton import apply_staged_writes_triton
+    except ImportError:
+        return None
+    return apply_staged_writes_triton
+
+
 class StagedWriteTensor:
     """A 1-D or 2-D device tensor whose edits are staged on the host and applied in bulk."""
 
@@ -73,6 +82,39 @@ class StagedWriteTensor:
             packed = packed.pin_memory()
         packed = packed.to(self.device, non_blocking=True)
         n = idx.numel()
-        self.gpu.view(-1).index_copy_(0, packed[:n], _from_bits(packed[n:], self.gpu.dtype))
+        if self._pin and _triton_scatter() is not None:
+            _triton_scatter()(self.gpu.view(-1), packed, n)
+        else:
+            self.gpu.view(-1).index_copy_(0, packed[:n], _from_bits(packed[n:], self.gpu.dtype))
         self._idx.clear()
         self._vals.clear()
+
+
+class UvaBackedTensor:
+    """A host table that is the source of truth, snapshotted to the device each step.
+
+    Edits go to ``cpu`` (ordinary memory, free to change at any time). ``snapshot``
+    copies the rows in use into one of two pinned buffers, alternating, and starts one
+    non-blocking copy into a device tensor with a fixed address (CUDA-graph safe). The
+    pinned buffer written at step N is reused at step N+2, by which time the engine has
+    consumed step N's results, so the copy has long finished: no barrier is needed.
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+        self.cpu = torch.zeros(shape, dtype=dtype)
+        pin = self.device.type == "cuda"
+        self._pinned = [torch.zeros(shape, dtype=dtype, pin_memory=pin) for _ in range(2 if pin else 1)]
+        self._turn = 0
+        self.gpu = torch.zeros(shape, dtype=dtype, device=self.device) if pin else self.cpu
+
+    def snapshot(self, n: int | None = None) -> torch.Tensor:
+        """Copy ``cpu[:n]`` to the device; returns the device view."""
+        n = self.cpu.shape[0] if n is None else n
+        if self.device.type != "cuda":
+            return self.cpu[:n]
+        buf = self._pinned[self._turn]
+        self._turn ^= 1
+        buf[:n].copy_(self.cpu[:n])
+        self.gpu[:n].copy_(buf[:n], non_blocking=True)
+        return self.gpu[:n]

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from core_runner.attention.backend import AttentionBackend
 from core_runner.config import EngineConfig
@@ -17,8 +18,10 @@ from core_runner.engine.scheduler_output import SchedulerOutput
 from core_runner.forward_context import set_forward_context
 from core_runner.kernels.input_prep import post_update_ref, prepare_inputs_ref
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
-from core_runner.runner.input_batch import InputBatch
-from core_runner.runner.output import EMPTY_OUTPUT, ModelRunnerOutput
+from core_runner.runner.async_output import AsyncOutput
+from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManager, GraphKey
+from core_runner.runner.input_batch import InputBatch, InputBuffers
+from core_runner.runner.output import ModelRunnerOutput
 from core_runner.runner.request_state import RequestState
 from core_runner.sample.sampler import Sampler
 from core_runner.sample.sampling_state import SamplingState
@@ -28,7 +31,9 @@ logger = logging.getLogger(__name__)
 
 class ModelRunner:
     def __init__(
-        self, config: EngineConfig, model: nn.Module, model_state: Any, backend: AttentionBackend
+        self, config: EngineConfig, model: nn.Module, model_state: Any, backend: AttentionBackend,
+        *, triton_kernels: bool = False, cuda_graphs: bool = False,
+        capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
     ) -> None:
         self.config = config
         self.model = model
@@ -36,13 +41,20 @@ class ModelRunner:
         self.backend = backend
         self.device = torch.device(config.device)
         self.block_size = config.block_size
+        self.triton = triton_kernels
         self.req_state = RequestState(
             config.max_num_seqs, config.max_model_len, config.max_blocks_per_req, self.device
         )
         self.sampling = SamplingState(self.req_state.num_rows, self.device)
-        self.sampler = Sampler()
+        self.sampler = Sampler(use_triton=triton_kernels)
         self.generates = "generate" in model_state.supported_tasks
         self.kv_caches: dict[str, Any] = {}
+        self.graphs = None
+        max_tokens = config.max_num_batched_tokens
+        if cuda_graphs:
+            self.graphs = CudaGraphManager(capture_sizes, config.max_num_seqs, max_tokens)
+        self.inputs = InputBuffers(config.max_num_seqs, max_tokens, config.max_blocks_per_req, self.device)
+        self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # set to a list to record (req_ids, logits) of every real step (tests, conformance)
         self.recorded_logits: list[tuple[list[str], torch.Tensor]] | None = None
 
@@ -59,10 +71,10 @@ class ModelRunner:
 
     # ---- one step -----------------------------------------------------------------
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput, dummy: bool = False) -> ModelRunnerOutput:
+    def execute_model(self, out: SchedulerOutput, dummy: bool = False) -> AsyncOutput:
         if dummy:
-            return self._run(self._dummy_batch(max(1, len(out.num_scheduled_tokens)),
-                                               max(1, out.total_num_scheduled_tokens)))
+            n = max(1, out.total_num_scheduled_tokens)
+            return self._run(self._dummy_batch(max(1, len(out.num_scheduled_tokens)), n))
         # 1. removals (finished and preempted alike) before additions
         for req_id in out.finished_req_ids | out.preempted_req_ids:
             row = self.req_state.remove(req_id)
@@ -80,92 +92,124 @@ class ModelRunner:
         self.sampling.apply_staged_writes()
         self.model_state.apply_staged_writes()
         if out.is_empty:
-            return EMPTY_OUTPUT
-        return self._run(self._prepare_batch(out))
-
-    def _prepare_batch(self, out: SchedulerOutput) -> InputBatch:
+            return AsyncOutput.done(ModelRunnerOutput([], []))
         # 4. idx_mapping: decode rows first, then prefill chunks
-        req_ids = sorted(out.num_scheduled_tokens, key=lambda r: out.num_scheduled_tokens[r] > 1)
+        sched = out.num_scheduled_tokens
+        req_ids = sorted(sched, key=lambda r: sched[r] > 1)
         rows = [self.req_state.req_id_to_row[r] for r in req_ids]
-        q_lens = [out.num_scheduled_tokens[r] for r in req_ids]
+        q_lens = [sched[r] for r in req_ids]
         computed = [out.num_computed_tokens[r] for r in req_ids]
-        return self._build_batch(req_ids, rows, q_lens, computed, num_tokens=sum(q_lens))
+        return self._run(self._build_batch(req_ids, rows, q_lens, computed))
 
-    def _dummy_batch(self, num_reqs: int, num_tokens: int) -> InputBatch:
-        """Every request points at the scratch row; no slot is written."""
+    def _dummy_batch(self, num_reqs: int, num_tokens: int, key: GraphKey | None = None) -> InputBatch:
+        """Every request points at the scratch row (no cached tokens); no slot is written."""
         num_reqs = min(num_reqs, num_tokens, self.config.max_num_seqs)
         q_lens = [num_tokens // num_reqs] * num_reqs
         q_lens[-1] += num_tokens - sum(q_lens)
-        batch = self._build_batch(
-            [f"dummy-{i}" for i in range(num_reqs)], [self.req_state.scratch_row] * num_reqs,
-            q_lens, [0] * num_reqs, num_tokens=num_tokens, dummy=True,
-        )
-        batch.slot_mapping.fill_(-1)
-        return batch
+        rows = [self.req_state.scratch_row] * num_reqs
+        return self._build_batch([f"dummy-{i}" for i in range(num_reqs)], rows, q_lens, [0] * num_reqs,
+                                 key=key, dummy=True)
 
     def _build_batch(
         self, req_ids: list[str], rows: list[int], q_lens: list[int], computed: list[int],
-        num_tokens: int, dummy: bool = False,
+        key: GraphKey | None = None, dummy: bool = False,
     ) -> InputBatch:
-        # 5. input prep from persistent state
-        idx_cpu = torch.tensor(rows, dtype=torch.int32)
-        qsl_cpu = torch.zeros(len(rows) + 1, dtype=torch.int32)
-        qsl_cpu[1:] = torch.cumsum(torch.tensor(q_lens, dtype=torch.int32), 0)
-        seq_lens_cpu = torch.tensor([c + q for c, q in zip(computed, q_lens)], dtype=torch.int32)
-        idx = idx_cpu.to(self.device, non_blocking=True)
-        qsl = qsl_cpu.to(self.device, non_blocking=True)
+        # 5. input prep on the device from persistent state
+        n, t = len(rows), sum(q_lens)
+        if key is None and self.graphs is not None and not dummy:
+            key = self.graphs.select(n, t, all(q == 1 for q in q_lens))
+        r_pad, t_pad = (key.num_reqs, key.num_tokens) if key else (n, t)
+        idx, qsl, idx_cpu, qsl_cpu = self.inputs.stage(rows, q_lens, r_pad, self.req_state.scratch_row)
+        seq_cpu = torch.zeros(r_pad, dtype=torch.int32)
+        seq_cpu[:n] = torch.tensor([c + q for c, q in zip(computed, q_lens)], dtype=torch.int32)
         tables = self.req_state.tables()
-        num_computed = tables["num_computed"]
+        args = (idx, qsl, tables["num_computed"], tables["token_ids"], tables["block_table"], self.block_size, t_pad)
+        if self.triton:
+            from core_runner.kernels.input_prep_triton import prepare_inputs_triton
+
+            prep = prepare_inputs_triton(*args, out=self.inputs.out)
+        else:
+            prep = prepare_inputs_ref(*args)
         if dummy:
-            num_computed = torch.zeros_like(num_computed)
-        prep = prepare_inputs_ref(
-            idx, qsl, num_computed, tables["token_ids"], tables["block_table"], self.block_size, num_tokens
-        )
+            prep["slot_mapping"].fill_(-1)
         return InputBatch(
-            req_ids=req_ids, num_reqs=len(rows), num_tokens=num_tokens,
-            idx_mapping=idx, idx_mapping_cpu=idx_cpu,
-            query_start_loc=qsl, query_start_loc_cpu=qsl_cpu,
-            seq_lens=prep["seq_lens"], seq_lens_cpu=seq_lens_cpu,
+            req_ids=req_ids, num_reqs=n, num_tokens=t, idx_mapping=idx, idx_mapping_cpu=idx_cpu,
+            query_start_loc=qsl, query_start_loc_cpu=qsl_cpu, seq_lens=prep["seq_lens"], seq_lens_cpu=seq_cpu,
             num_computed_cpu=torch.tensor(computed, dtype=torch.int32),
-            input_ids=prep["input_ids"], positions=prep["positions"],
-            slot_mapping=prep["slot_mapping"], block_tables=prep["block_tables"],
-            logits_indices=prep["logits_indices"],
-            max_query_len=max(q_lens), max_seq_len=int(seq_lens_cpu.max()), is_dummy=dummy,
+            input_ids=prep["input_ids"], positions=prep["positions"], slot_mapping=prep["slot_mapping"],
+            block_tables=prep["block_tables"], logits_indices=prep["logits_indices"],
+            max_query_len=(1 if key.decode else t_pad) if key else max(q_lens),
+            max_seq_len=self.config.max_model_len if key else int(seq_cpu.max()),
+            is_dummy=dummy, num_reqs_padded=r_pad, num_tokens_padded=t_pad, graph_key=key,
         )
 
-    def _run(self, batch: InputBatch) -> ModelRunnerOutput:
-        # 6. family-specific inputs and metadata
+    def _forward(self, batch: InputBatch) -> torch.Tensor:
+        # 6. family-specific inputs and metadata; 7. forward (graph replay when one fits)
         if batch.is_dummy:
-            extra = self.model_state.prepare_dummy_inputs(batch.num_reqs, batch.num_tokens)
+            extra = self.model_state.prepare_dummy_inputs(batch.num_reqs_padded, batch.num_tokens_padded)
         else:
             extra = self.model_state.prepare_inputs(batch)
         attn = self.model_state.prepare_attn(batch)
-        # 7. forward
+        key = batch.graph_key
+        if key is not None and self.graphs is not None and self.graphs.has(key) and not batch.is_dummy:
+            return self.graphs.replay(key)
         with set_forward_context(attn, self.backend):
-            hidden = self.model(batch.input_ids, batch.positions, **extra)
+            return self.model(batch.input_ids, batch.positions, **extra)
+
+    def _run(self, batch: InputBatch) -> AsyncOutput:
+        hidden = self._forward(batch)
+        n = batch.num_reqs
         if not self.generates:
-            pooled = self.model_state.pool(hidden, batch)
-            return ModelRunnerOutput(batch.req_ids, [], [] if batch.is_dummy else pooled)
-        # 8. logits and sampling
-        logits = self.model.compute_logits(hidden[batch.logits_indices])
-        s = self.sampling
-        rows = batch.idx_mapping_cpu.tolist()
-        any_random = any(s.temperature_cpu[r] > 0 for r in rows)
-        any_cut = any_random and any(s.top_k_cpu[r] > 0 or s.top_p_cpu[r] < 1.0 for r in rows)
-        idx = batch.idx_mapping.long()
-        st = s.tables()
-        out = self.sampler(
-            logits, st["temperature"][idx], st["top_k"][idx], st["top_p"][idx], st["seed"][idx],
-            batch.seq_lens, any_random=any_random, any_top_k_top_p=any_cut,
-        )
+            pooled = [] if batch.is_dummy else self.model_state.pool(hidden, batch)
+            return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, [], pooled))
+        # 8. logits of the real rows and sampling
+        logits = self.model.compute_logits(hidden[batch.logits_indices[:n]])
+        sampled = self._sample(batch, logits)
         if batch.is_dummy:
-            return ModelRunnerOutput(batch.req_ids, [])
+            return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, []))
         if self.recorded_logits is not None:
             self.recorded_logits.append((batch.req_ids, logits.float().cpu()))
-        # 9. post-update on the device, 10. family post-processing
+        # 9. post-update on the device, 10. family post-processing, async copy-out
         tables = self.req_state.tables()
-        num_sched = (batch.query_start_loc[1:] - batch.query_start_loc[:-1])
-        post_update_ref(batch.idx_mapping, num_sched, out.sampled, tables["num_computed"],
-                        tables["num_tokens"], tables["token_ids"])
-        self.model_state.postprocess_state(batch, out.sampled)
-        return ModelRunnerOutput(batch.req_ids, out.sampled.tolist())
+        idx = batch.idx_mapping[:n]
+        num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
+        post_args = (idx, num_sched, sampled, tables["num_computed"], tables["num_tokens"], tables["token_ids"])
+        if self.triton:
+            from core_runner.kernels.input_prep_triton import post_update_triton
+
+            post_update_triton(*post_args)
+        else:
+            post_update_ref(*post_args)
+        self.model_state.postprocess_state(batch, sampled)
+        return AsyncOutput(batch.req_ids, sampled, None, self.copy_stream)
+
+    def _sample(self, batch: InputBatch, logits: torch.Tensor) -> torch.Tensor:
+        s, n = self.sampling, batch.num_reqs
+        rows = batch.idx_mapping_cpu[:n].tolist()
+        any_random = any(s.temperature_cpu[r] > 0 for r in rows)
+        any_cut = any_random and any(s.top_k_cpu[r] > 0 or s.top_p_cpu[r] < 1.0 for r in rows)
+        idx = batch.idx_mapping[:n].long()
+        st = s.tables()
+        return self.sampler(
+            logits, st["temperature"][idx], st["top_k"][idx], st["top_p"][idx], st["seed"][idx],
+            batch.seq_lens[:n], any_random=any_random, any_top_k_top_p=any_cut,
+        ).sampled
+
+    # ---- CUDA graphs: capture is its own path -----------------------------------------
+    @torch.inference_mode()
+    def capture_graphs(self) -> int:
+        if self.graphs is None:
+            return 0
+        keys = sorted(self.graphs.keys(), key=lambda k: -k.num_tokens)
+        for key in tqdm(keys, desc="capturing CUDA graphs", disable=not logger.isEnabledFor(logging.INFO)):
+            batch = self._dummy_batch(key.num_reqs, key.num_tokens, key=key)
+            extra = self.model_state.prepare_dummy_inputs(key.num_reqs, key.num_tokens)
+            attn = self.model_state.prepare_attn(batch, for_capture=True)
+
+            def run(batch=batch, extra=extra, attn=attn) -> torch.Tensor:
+                with set_forward_context(attn, self.backend):
+                    return self.model(batch.input_ids, batch.positions, **extra)
+
+            self.graphs.capture(key, run)
+        logger.info("captured %d CUDA graphs", len(keys))
+        return len(keys)

@@ -1,9 +1,10 @@
-"""Gumbel-Max sampling (torch reference).
+"""Gumbel-Max sampling.
 
 argmax(logits / T + Gumbel noise) is an exact draw from softmax(logits / T); the
 softmax is never formed. Noise is keyed by (request seed, token position), so a
 seeded request samples the same tokens whatever batch or row it runs in. Rows at
-temperature 0 take the plain argmax.
+temperature 0 take the plain argmax. Stages no row of the batch uses are skipped,
+decided from host mirrors of the per-row settings (no device read).
 """
 from __future__ import annotations
 
@@ -34,8 +35,18 @@ def apply_top_k_top_p_ref(logits: torch.Tensor, top_k: torch.Tensor, top_p: torc
     return torch.empty_like(logits).scatter_(-1, order, masked_sorted)
 
 
+def gumbel_sample_ref(
+    logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    logits = logits.float()
+    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
+    noisy = logits / t[:, None] + rng.gumbel(seeds, positions, logits.shape[-1])
+    return torch.where(temperature > 0, noisy.argmax(dim=-1), logits.argmax(dim=-1))
+
+
 class Sampler:
-    """Reference sampler; the pipeline skips stages no row in the batch uses."""
+    def __init__(self, use_triton: bool = False) -> None:
+        self.use_triton = use_triton
 
     def __call__(
         self,
@@ -49,14 +60,12 @@ class Sampler:
         any_random: bool,
         any_top_k_top_p: bool,
     ) -> SamplerOutput:
-        logits = logits.float()
-        greedy = logits.argmax(dim=-1)
         if not any_random:
-            return SamplerOutput(greedy)
-        t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-        scaled = logits / t[:, None]
+            return SamplerOutput(logits.argmax(dim=-1))
         if any_top_k_top_p:
-            scaled = apply_top_k_top_p_ref(scaled, top_k, top_p)
-        noisy = scaled + rng.gumbel(seeds, positions, logits.shape[-1])
-        sampled = noisy.argmax(dim=-1)
-        return SamplerOutput(torch.where(temperature > 0, sampled, greedy))
+            logits = apply_top_k_top_p_ref(logits.float(), top_k, top_p)
+        if self.use_triton:
+            from core_runner.kernels.gumbel_sample import gumbel_sample_triton
+
+            return SamplerOutput(gumbel_sample_triton(logits, temperature, seeds, positions))
+        return SamplerOutput(gumbel_sample_ref(logits, temperature, seeds, positions))

@@ -1,0 +1,85 @@
+"""CudaGraphManager: capture sizes, padding, capture and replay with plain PyTorch APIs.
+
+Two families of full-model graphs (embedding through final norm; the LM head runs
+eagerly on the real rows only):
+- decode: every request has one query token; keyed by the padded request count.
+- mixed: prefill chunks and decode rows; keyed by the padded token count, with room
+  for min(tokens, max_num_reqs) requests and attention bounds baked at the padded size.
+Padded requests point at the scratch row with an empty query (seq_len 0); padded
+tokens write to the pad slot -1. A batch that fits no graph runs eagerly, with a
+logged reason.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 896, 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class GraphKey:
+    decode: bool
+    num_reqs: int  # padded
+    num_tokens: int  # padded
+
+
+class CudaGraphManager:
+    def __init__(self, capture_sizes: tuple[int, ...], max_num_reqs: int, max_num_tokens: int) -> None:
+        sizes = sorted(set(capture_sizes))
+        self.decode_sizes = [s for s in sizes if s <= min(max_num_reqs, max_num_tokens)]
+        self.mixed_sizes = [s for s in sizes if s <= max_num_tokens]
+        self.max_num_reqs = max_num_reqs
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.pool = None
+        self.eager_reasons: dict[str, int] = {}
+
+    def keys(self) -> list[GraphKey]:
+        decode = [GraphKey(True, s, s) for s in self.decode_sizes]
+        mixed = [GraphKey(False, min(s, self.max_num_reqs), s) for s in self.mixed_sizes]
+        return decode + mixed
+
+    def select(self, num_reqs: int, num_tokens: int, uniform_decode: bool) -> GraphKey | None:
+        if uniform_decode:
+            i = bisect.bisect_left(self.decode_sizes, num_reqs)
+            if i < len(self.decode_sizes):
+                s = self.decode_sizes[i]
+                return GraphKey(True, s, s)
+        i = bisect.bisect_left(self.mixed_sizes, num_tokens)
+        if i < len(self.mixed_sizes):
+            s = self.mixed_sizes[i]
+            key = GraphKey(False, min(s, self.max_num_reqs), s)
+            if num_reqs <= key.num_reqs:
+                return key
+        reason = f"batch of {num_tokens} tokens / {num_reqs} requests exceeds the capture sizes"
+        if reason not in self.eager_reasons:
+            logger.info("CUDA graph skipped, running eager: %s", reason)
+        self.eager_reasons[reason] = self.eager_reasons.get(reason, 0) + 1
+        return None
+
+    def capture(self, key: GraphKey, run: Callable[[], torch.Tensor]) -> None:
+        """Warm up ``run`` once, then record it; its output tensor is the replay output."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = run()
+        self.pool = graph.pool()
+        self.graphs[key] = (graph, out)
+
+    def has(self, key: GraphKey) -> bool:
+        return key in self.graphs
+
+    def replay(self, key: GraphKey) -> torch.Tensor:
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out

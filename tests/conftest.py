@@ -1,0 +1,32 @@
+"""Session fixtures: tiny random Qwen3 checkpoints saved with transformers.
+
+Imports are lazy so that collecting other test directories (for example the kernel
+tests, which set TRITON_INTERPRET in their own conftest) is not affected.
+"""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory):
+    """{"untied": Checkpoint, "tied": Checkpoint}: float32 random Qwen3ForCausalLM
+    checkpoints (fixed torch.manual_seed) and their HF model objects."""
+    from helpers import build_checkpoints
+
+    return build_checkpoints(tmp_path_factory.mktemp("qwen3_tiny"))
+
+
+@pytest.fixture(scope="session")
+def untied(checkpoints):
+    return checkpoints["untied"]
+
+
+@pytest.fixture(scope="session")
+def tied(checkpoints):
+    return checkpoints["tied"]
+
+
+@pytest.fixture(scope="session", params=["untied", "tied"])
+def ckpt(request, checkpoints):
+    return checkpoints[request.param]

@@ -1,0 +1,335 @@
+"""Shared utilities for the engine-vs-transformers tests.
+
+Tiny random Qwen3 checkpoints, Hugging Face references (computed one prompt at a
+time, batch 1, explicit all-ones attention mask), an engine factory, a recorder that
+logs every real step the runner executes, and helpers to snapshot / corrupt the
+runner's persistent per-row state.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+VOCAB = 256
+TINY = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    # no special ids: neither HF generate nor the engine may stop early on an EOS
+    eos_token_id=None, bos_token_id=None, pad_token_id=None,
+)
+CHECKPOINT_SPECS = {
+    "untied": dict(tie_word_embeddings=False, num_key_value_heads=2, seed=0),
+    "tied": dict(tie_word_embeddings=True, num_key_value_heads=4, seed=1),
+}
+REF_TOKENS = 16  # HF greedy continuations are computed this long once and sliced
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------------
+# checkpoints and Hugging Face references
+# ---------------------------------------------------------------------------------
+@dataclass
+class Checkpoint:
+    name: str
+    path: str
+    hf: Any  # transformers.Qwen3ForCausalLM, float32, eval
+    vocab: int = VOCAB
+    _greedy: dict = field(default_factory=dict, repr=False)
+    _logits: dict = field(default_factory=dict, repr=False)
+
+
+def build_checkpoint(root: Path, name: str) -> Checkpoint:
+    import transformers
+
+    spec = dict(CHECKPOINT_SPECS[name])
+    seed = spec.pop("seed")
+    cfg = transformers.Qwen3Config(**{**TINY, **spec})
+    torch.manual_seed(seed)
+    hf = transformers.Qwen3ForCausalLM(cfg).to(torch.float32).eval()
+    tied = hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    assert tied == spec["tie_word_embeddings"], f"{name}: HF model tying is {tied}, wanted {spec}"
+    path = Path(root) / name
+    hf.save_pretrained(str(path))
+    return Checkpoint(name=name, path=str(path), hf=hf)
+
+
+def build_checkpoints(root: Path) -> dict[str, Checkpoint]:
+    return {name: build_checkpoint(root, name) for name in CHECKPOINT_SPECS}
+
+
+def random_prompts(lengths: list[int], seed: int, vocab: int = VOCAB) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(ckpt: Checkpoint, prompt: list[int], n: int) -> list[int]:
+    """HF greedy continuation of one prompt (batch 1), n <= REF_TOKENS tokens."""
+    assert n <= REF_TOKENS
+    key = tuple(prompt)
+    if key not in ckpt._greedy:
+        ids = torch.tensor([prompt], dtype=torch.long)
+        with torch.no_grad():
+            out = ckpt.hf.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=REF_TOKENS, do_sample=False,
+                eos_token_id=None, pad_token_id=0,
+            )
+        new = out[0, len(prompt):].tolist()
+        assert len(new) == REF_TOKENS, f"HF generate stopped early ({len(new)} tokens): EOS leaked in"
+        ckpt._greedy[key] = new
+    return ckpt._greedy[key][:n]
+
+
+def hf_logits(ckpt: Checkpoint, seq: list[int]) -> torch.Tensor:
+    """HF full-forward logits [len(seq), vocab] (row i predicts token i + 1)."""
+    key = tuple(seq)
+    if key not in ckpt._logits:
+        ids = torch.tensor([seq], dtype=torch.long)
+        with torch.no_grad():
+            ckpt._logits[key] = ckpt.hf(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
+    return ckpt._logits[key]
+
+
+# ---------------------------------------------------------------------------------
+# engine construction and driving
+# ---------------------------------------------------------------------------------
+def make_engine(ckpt: Checkpoint, **overrides: Any):
+    """An LLMEngine (through the public LLM) with small defaults; the KV pool holds
+    max_num_seqs full-length requests unless num_kv_blocks is given."""
+    from core_runner import LLM
+
+    opts: dict[str, Any] = dict(dtype="float32", max_model_len=128, max_num_seqs=8, block_size=4)
+    opts.update(overrides)
+    if opts.get("num_kv_blocks") is None:
+        opts["num_kv_blocks"] = opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"])
+    return LLM(ckpt.path, **opts).engine
+
+
+def greedy(n: int = 12):
+    from core_runner import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def sampled(n: int = 12, seed: int | None = 1234, temperature: float = 0.8, top_p: float = 0.9, top_k: int = -1):
+    from core_runner import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                          ignore_eos=True)
+
+
+@dataclass
+class Step:
+    """One real (non-dummy, non-empty) step as the runner executed it."""
+
+    req_ids: list[str]  # batch order
+    num_scheduled: dict[str, int]
+    num_computed: dict[str, int]  # cached tokens before the step
+    rows: dict[str, int]  # RequestState row of each scheduled request
+    new_req_ids: list[str]
+    preempted: set[str]
+    logits: dict[str, torch.Tensor]  # last scheduled token of each request
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_scheduled.values())
+
+
+class Recorder:
+    """Wraps ``engine.runner.execute_model`` to log every real step, using the
+    runner's ``recorded_logits`` hook for the logits."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.steps: list[Step] = []
+        self.num_dummy_calls = 0
+        runner = engine.runner
+        runner.recorded_logits = []
+        inner = runner.execute_model
+
+        def execute_model(out: Any, dummy: bool = False) -> Any:
+            if dummy:
+                self.num_dummy_calls += 1
+                return inner(out, dummy=True)
+            before = len(runner.recorded_logits)
+            result = inner(out)
+            if out.is_empty:
+                assert len(runner.recorded_logits) == before, "an empty step recorded logits"
+                return result
+            assert len(runner.recorded_logits) == before + 1, "a real step must record its logits once"
+            req_ids, logits = runner.recorded_logits[-1]
+            assert sorted(req_ids) == sorted(out.num_scheduled_tokens), (req_ids, out.num_scheduled_tokens)
+            assert tuple(logits.shape) == (len(req_ids), self.engine.vocab_size), logits.shape
+            assert list(result.req_ids) == list(req_ids)
+            self.steps.append(Step(
+                req_ids=list(req_ids),
+                num_scheduled=dict(out.num_scheduled_tokens),
+                num_computed=dict(out.num_computed_tokens),
+                rows={r: runner.req_state.req_id_to_row[r] for r in req_ids},
+                new_req_ids=[n.req_id for n in out.new_reqs],
+                preempted=set(out.preempted_req_ids),
+                logits={r: logits[i].clone() for i, r in enumerate(req_ids)},
+            ))
+            return result
+
+        runner.execute_model = execute_model
+
+    def rows_of(self, req_id: str) -> list[int]:
+        return [s.rows[req_id] for s in self.steps if req_id in s.rows]
+
+    def logits_of(self, req_id: str) -> list[tuple[int, torch.Tensor]]:
+        """(position of the token whose logits these are, logits) for every step of req_id."""
+        return [(s.num_computed[req_id] + s.num_scheduled[req_id] - 1, s.logits[req_id])
+                for s in self.steps if req_id in s.logits]
+
+    def sampling_logits_of(self, req_id: str, prompt_len: int) -> list[torch.Tensor]:
+        """Logits that produced an output token, in output order (the last occurrence of
+        each position, so a preempted-and-recomputed step counts once)."""
+        by_pos: dict[int, torch.Tensor] = {}
+        for pos, lg in self.logits_of(req_id):
+            if pos >= prompt_len - 1:
+                by_pos[pos] = lg
+        return [by_pos[p] for p in sorted(by_pos)]
+
+
+def step_until(engine: Any, outputs: dict, cond: Callable[[], bool], max_steps: int = 2000) -> None:
+    """Step until cond() holds (checked before each step); finished outputs go to ``outputs``."""
+    for _ in range(max_steps):
+        if cond():
+            return
+        assert engine.has_unfinished_requests(), "no unfinished requests left but the condition never held"
+        for o in engine.step():
+            assert o.req_id not in outputs, f"request {o.req_id} finished twice"
+            outputs[o.req_id] = o
+    raise AssertionError(f"condition not reached within {max_steps} steps")
+
+
+def drain(engine: Any, outputs: dict | None = None, max_steps: int = 2000) -> dict:
+    outputs = {} if outputs is None else outputs
+    step_until(engine, outputs, lambda: not engine.has_unfinished_requests(), max_steps)
+    return outputs
+
+
+def run(engine: Any, requests: list[tuple[str, list[int], Any]], max_steps: int = 2000) -> dict:
+    """Add (req_id, prompt, params) in order and run to completion."""
+    for req_id, prompt, params in requests:
+        assert engine.add_request(prompt, params, req_id=req_id) == req_id
+    return drain(engine, max_steps=max_steps)
+
+
+def assert_logits_match_hf(ckpt: Checkpoint, rec: Recorder, outputs: dict, atol: float = 1e-4) -> int:
+    """Every recorded logits row (prefill chunk ends, full prefills and decodes) equals
+    the HF full-forward logits at the same position of prompt + output. Returns the
+    number of rows checked."""
+    checked = 0
+    for req_id, out in outputs.items():
+        seq = list(out.prompt_token_ids) + list(out.token_ids)
+        ref = hf_logits(ckpt, seq[:-1])
+        entries = rec.logits_of(req_id)
+        assert entries, f"no logits recorded for {req_id}"
+        positions = {p for p, _ in entries}
+        # every generated token must have come from a recorded logits row
+        wanted = set(range(len(out.prompt_token_ids) - 1, len(seq) - 1))
+        assert wanted <= positions, f"{req_id}: missing logits at positions {sorted(wanted - positions)}"
+        for pos, lg in entries:
+            err = (lg - ref[pos]).abs().max().item()
+            assert err <= atol, f"{ckpt.name} {req_id}: logits at position {pos} differ from HF by {err:.3g}"
+            checked += 1
+    return checked
+
+
+# ---------------------------------------------------------------------------------
+# persistent state: snapshots and garbage
+# ---------------------------------------------------------------------------------
+def _staged_tensors(engine: Any) -> list[Any]:
+    rs, ss = engine.runner.req_state, engine.runner.sampling
+    return [rs.token_ids, rs.block_table, rs.num_tokens, rs.num_computed, rs.num_prompt_tokens,
+            ss.temperature, ss.top_k, ss.top_p, ss.seed]
+
+
+def device_tables(engine: Any) -> dict[str, torch.Tensor]:
+    """Every per-row device table of the runner, the sampling state and the model state."""
+    tables = {f"req_state.{k}": t for k, t in engine.runner.req_state.tables().items()}
+    tables.update({f"sampling.{k}": t for k, t in engine.runner.sampling.tables().items()})
+    tables.update({f"model_state.{k}": t for k, t in engine.model_state.row_buffers().items()})
+    return tables
+
+
+def kv_tensors(engine: Any) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, cache in engine.runner.kv_caches.items():
+        if isinstance(cache, torch.Tensor):
+            out[f"kv.{name}"] = cache
+        else:
+            for i, t in enumerate(cache):
+                out[f"kv.{name}.{i}"] = t
+    return out
+
+
+def snapshot(engine: Any) -> dict[str, Any]:
+    rs, ss = engine.runner.req_state, engine.runner.sampling
+    snap: dict[str, Any] = {k: t.detach().clone() for k, t in {**device_tables(engine), **kv_tensors(engine)}.items()}
+    snap["host.req_id_to_row"] = dict(rs.req_id_to_row)
+    snap["host.free_rows"] = list(rs.free_rows)
+    snap["host.num_blocks_cpu"] = list(rs.num_blocks_cpu)
+    snap["host.sampling_cpu"] = (list(ss.temperature_cpu), list(ss.top_k_cpu), list(ss.top_p_cpu))
+    snap["host.staged"] = [t.has_staged for t in _staged_tensors(engine)]
+    rl = engine.runner.recorded_logits
+    snap["host.recorded_logits"] = None if rl is None else len(rl)
+    sched = engine.scheduler
+    snap["host.scheduler"] = (
+        sched.pool.num_free, sched.num_preemptions, [r.req_id for r in sched.running],
+        [r.req_id for r in sched.waiting],
+        {rid: (r.num_computed_tokens, list(r.block_ids), list(r.output_token_ids)) for rid, r in sched.requests.items()},
+    )
+    return snap
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def snapshot_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    assert a.keys() == b.keys(), (sorted(a.keys() ^ b.keys()))
+    diffs = []
+    for k in a:
+        x, y = a[k], b[k]
+        if isinstance(x, torch.Tensor):
+            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(_bits(x), _bits(y)):
+                n = (x != y).sum().item() if x.shape == y.shape else "shape"
+                diffs.append(f"{k} ({n} elements changed)")
+        elif x != y:
+            diffs.append(f"{k}: {x!r} -> {y!r}")
+    return diffs
+
+
+def fill_garbage(t: torch.Tensor, index: Any, gen: torch.Generator, int_high: int = 64) -> None:
+    """Overwrite t[index] with values that differ from a fresh (zero) table and are
+    plausible enough not to crash a reader: ints in [1, int_high), floats in
+    (0.05, 0.95) (a valid temperature and top_p, so a stale one would change sampling)."""
+    view = t[index]
+    if t.dtype.is_floating_point:
+        vals = torch.rand(view.shape, generator=gen) * 0.9 + 0.05
+    else:
+        vals = torch.randint(1, int_high, view.shape, generator=gen)
+    t[index] = vals.to(device=t.device, dtype=t.dtype)
+
+
+def free_block_ids(engine: Any) -> list[int]:
+    used = {b for r in engine.scheduler.requests.values() for b in r.block_ids}
+    return [b for b in range(engine.num_blocks) if b not in used]
+
+
+def fill_free_kv_blocks_with_garbage(engine: Any, gen: torch.Generator) -> int:
+    free = torch.tensor(free_block_ids(engine), dtype=torch.long)
+    for name, cache in engine.runner.kv_caches.items():
+        assert isinstance(cache, torch.Tensor), f"{name}: expected a paged cache tensor"
+        shape = cache[:, free].shape
+        cache[:, free] = (torch.randn(shape, generator=gen) * 10).to(cache.dtype)
+    return free.numel()
