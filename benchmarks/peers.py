@@ -195,7 +195,8 @@ def run_hf_peer(
         result["attempts"].append({"config": attempt["name"], "error": None})
         _fill_result(result, attempt, outcome)
         if attempt["mode"] == "generate-padded":
-            result["error"] = "continuous batching did not run: " + _join_errors(cb_errors)
+            result["error"] = "continuous batching did not run: " + (
+                _join_errors(cb_errors) if cb_errors else f"not attempted (modes={list(modes)})")
         elif outcome.get("error"):
             result["error"] = outcome["error"]
         break
@@ -376,9 +377,10 @@ def _run_cb_manager(model, workload: list, device: str, attempt: dict, *,
         timed_out = False
         try:
             got, t_last = _collect(manager, set(requests), deadline, label="timed run")
-        except PeerTimeout as exc:
+        except PeerTimeout as exc:  # report finished requests over the whole time spent
             timed_out = True
-            got, t_last = exc.args[1]
+            got, _ = exc.args[1]
+            t_last = time.perf_counter()
         elapsed = max(t_last - t_start, 1e-9)
         outcome = _count_outputs(requests, got)
         outcome["elapsed_s"] = elapsed
@@ -455,6 +457,12 @@ def _add_request_kwargs(manager) -> dict:
 
 def _describe_manager(manager, model) -> dict:
     info: dict[str, Any] = {"attn_implementation": getattr(model.config, "_attn_implementation", None)}
+    processors = getattr(getattr(manager, "logit_processor", None), "logits_processor", None)
+    if processors is not None:
+        info["logits_processors"] = [type(p).__name__ for p in processors]
+    gen = getattr(manager, "generation_config", None)
+    if gen is not None:
+        info["do_sample"] = getattr(gen, "do_sample", None)
     cfg = getattr(manager, "continuous_batching_config", None)
     if cfg is not None and dataclasses.is_dataclass(cfg):
         for key in ("page_size", "block_size", "num_blocks", "max_batch_tokens", "max_requests_per_batch",

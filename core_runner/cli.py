@@ -76,6 +76,16 @@ def cmd_plugins(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(a: argparse.Namespace) -> int:
+    from core_runner.bench.run import bench
+
+    results = bench(a)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="core-runner", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -90,6 +100,24 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-eos", action="store_true")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt")
     g.set_defaults(func=cmd_generate)
+    b = sub.add_parser("bench", help="run workloads W1/W2 (DESIGN.md section 8)")
+    b.add_argument("--model", default=None, help="checkpoint (default: random Qwen3-0.6B-shaped bf16)")
+    b.add_argument("--workload", nargs="+", default=["W1", "W2"], choices=["W1", "W2"])
+    b.add_argument("--num-requests", type=int, default=None, help="a prefix of the workload (smoke runs)")
+    b.add_argument("--device", default="cuda")
+    b.add_argument("--dtype", default="bfloat16")
+    b.add_argument("--max-model-len", type=int, default=2048)
+    b.add_argument("--max-num-seqs", type=int, default=1024)
+    b.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    b.add_argument("--block-size", type=int, default=16)
+    b.add_argument("--kv-fraction", type=float, default=0.8)
+    b.add_argument("--enforce-eager", action="store_true")
+    b.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps for GPU idle time")
+    b.add_argument("--peer", action="store_true", help="also run the transformers peer (benchmarks/peers.py)")
+    b.add_argument("--peer-timeout", type=int, default=900)
+    b.add_argument("--json", default=None, help="write results here")
+    b.add_argument("-v", "--verbose", action="store_true")
+    b.set_defaults(func=cmd_bench)
     p = sub.add_parser("plugins", help="list installed plugins, architectures and capabilities")
     p.add_argument("--json", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")

@@ -20,6 +20,8 @@ class EngineConfig:
     ``num_kv_blocks=None`` sizes the KV pool from free memory
     (``kv_cache_memory_fraction`` of it). ``async_scheduling=None`` means on for CUDA,
     off for the CPU (where it is allowed, but has nothing to overlap).
+    ``attention_backend=None`` picks Triton kernels on CUDA and the torch references on
+    the CPU; ``"triton"`` on the CPU needs ``TRITON_INTERPRET=1`` (kernel tests).
     """
 
     model: str
@@ -37,6 +39,7 @@ class EngineConfig:
     tokenizer: str | None = None
     max_logprobs: int = 20
     async_scheduling: bool | None = None
+    attention_backend: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -51,7 +54,8 @@ class EngineConfig:
             if not isinstance(v, int) or v < 1:
                 raise bad(name, v, "expected an integer >= 1")
         if self.max_num_batched_tokens is None:
-            object.__setattr__(self, "max_num_batched_tokens", max(self.max_model_len, 2048))
+            default = min(max(self.max_model_len, 2048), self.max_num_seqs * self.max_model_len)
+            object.__setattr__(self, "max_num_batched_tokens", default)
         mnbt = self.max_num_batched_tokens
         if not isinstance(mnbt, int) or mnbt < 1:
             raise bad("max_num_batched_tokens", mnbt, "expected an integer >= 1")
@@ -61,6 +65,8 @@ class EngineConfig:
             raise bad("num_kv_blocks", self.num_kv_blocks, "expected None (size from memory) or an integer >= 1")
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
             raise bad("kv_cache_memory_fraction", self.kv_cache_memory_fraction, "expected a value in (0, 0.95]")
+        if self.attention_backend not in (None, "torch", "triton"):
+            raise bad("attention_backend", self.attention_backend, "expected None (auto), 'torch' or 'triton'")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
 

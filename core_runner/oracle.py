@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from dataclasses import dataclass, field
 
 from core_runner.config import EngineConfig
@@ -50,7 +51,16 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
 
     on_cuda = config.device.startswith("cuda")
     attention, sampler, graphs, async_sched = "torch", "torch", False, False
-    if on_cuda:
+    if config.attention_backend == "triton" and not on_cuda:
+        if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+            raise UnsupportedError("attention_backend='triton' on the CPU needs triton installed and "
+                                   "TRITON_INTERPRET=1 (the interpreter); use None or 'torch'")
+        attention = "triton"
+    if on_cuda and config.attention_backend == "torch":
+        logger.info("Triton attention off: attention_backend='torch' was asked for")
+        if not config.enforce_eager:
+            downgrade("CUDA graphs", "they need the Triton kernels, which are off")
+    elif on_cuda:
         if not reg.capability("triton_attention").supported:
             downgrade("Triton attention", f"{reg.architecture} declares triton_attention "
                       f"{reg.capability('triton_attention').state}")
@@ -80,6 +90,7 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
             downgrade("async scheduling", f"{reg.architecture} declares async_scheduling {cap.state}")
     else:
         async_sched = bool(config.async_scheduling)
+    sampler = attention  # the Triton sampler comes with the Triton kernels
     return ExecutionPlan(attention, sampler, graphs, async_sched, chunk.supported, tuple(downgrades))
 
 

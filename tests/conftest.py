@@ -9,7 +9,19 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def checkpoints(tmp_path_factory):
+def single_torch_thread():
+    """The tiny models are far faster on one intra-op thread, and much less sensitive
+    to other processes sharing the CPU (spinning OpenMP workers)."""
+    import torch
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+@pytest.fixture(scope="session")
+def checkpoints(tmp_path_factory, single_torch_thread):
     """{"untied": Checkpoint, "tied": Checkpoint}: float32 random Qwen3ForCausalLM
     checkpoints (fixed torch.manual_seed) and their HF model objects."""
     from helpers import build_checkpoints

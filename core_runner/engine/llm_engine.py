@@ -189,4 +189,5 @@ class LLMEngine:
             req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, token_ids=list(req.output_token_ids),
             text=text, finish_reason=req.finish_reason or "", seed=req.seed,
             num_preemptions=req.num_preemptions, embedding=req.pooled,
+            first_token_time=req.first_token_time, finish_time=req.finish_time,
         )

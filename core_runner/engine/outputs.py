@@ -17,3 +17,5 @@ class RequestOutput:
     seed: int | None = None
     num_preemptions: int = 0
     embedding: torch.Tensor | None = None
+    first_token_time: float | None = None  # time.perf_counter() when the first token arrived
+    finish_time: float | None = None

@@ -33,6 +33,8 @@ class Request:
     # set when the request (re-)enters the runner and cleared once it is sent
     needs_add: bool = True
     pooled: object | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -14,6 +14,7 @@ as pending, and its next decode reads the token on the device. Values come back 
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 
 from core_runner.engine.block_pool import BlockPool
@@ -70,6 +71,7 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
+        req.finish_time = time.perf_counter()
         self.pool.free(req.block_ids)
         req.block_ids = []
         del self.requests[req.req_id]
@@ -171,6 +173,8 @@ class Scheduler:
                 continue
             token = sampled[req_id]
             req.output_token_ids.append(token)
+            if req.first_token_time is None:
+                req.first_token_time = time.perf_counter()
             reason = self._stop_reason(req, token)
             if reason is not None:
                 self._finish(req, reason)

@@ -39,6 +39,7 @@ class CudaGraphManager:
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.pool = None
         self.eager_reasons: dict[str, int] = {}
+        self.replays: dict[GraphKey, int] = {}
 
     def keys(self) -> list[GraphKey]:
         decode = [GraphKey(True, s, s) for s in self.decode_sizes]
@@ -82,4 +83,5 @@ class CudaGraphManager:
     def replay(self, key: GraphKey) -> torch.Tensor:
         graph, out = self.graphs[key]
         graph.replay()
+        self.replays[key] = self.replays.get(key, 0) + 1
         return out

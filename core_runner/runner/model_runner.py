@@ -52,7 +52,8 @@ class ModelRunner:
         self.graphs = None
         max_tokens = config.max_num_batched_tokens
         if cuda_graphs:
-            self.graphs = CudaGraphManager(capture_sizes, config.max_num_seqs, max_tokens)
+            self.graphs = CudaGraphManager(capture_sizes, config.max_num_seqs,
+                                           min(max_tokens, config.max_num_seqs * config.max_model_len))
         self.inputs = InputBuffers(config.max_num_seqs, max_tokens, config.max_blocks_per_req, self.device)
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         # set to a list to record (req_ids, logits) of every real step (tests, conformance)
@@ -102,8 +103,12 @@ class ModelRunner:
         return self._run(self._build_batch(req_ids, rows, q_lens, computed))
 
     def _dummy_batch(self, num_reqs: int, num_tokens: int, key: GraphKey | None = None) -> InputBatch:
-        """Every request points at the scratch row (no cached tokens); no slot is written."""
-        num_reqs = min(num_reqs, num_tokens, self.config.max_num_seqs)
+        """Every request points at the scratch row (no cached tokens); no slot is written.
+        Tokens are spread so that no request exceeds max_model_len; a step can never hold
+        more than max_num_seqs x max_model_len tokens, so neither does a dummy one."""
+        c = self.config
+        num_tokens = min(num_tokens, c.max_num_seqs * c.max_model_len)
+        num_reqs = max(min(num_reqs, num_tokens, c.max_num_seqs), -(-num_tokens // c.max_model_len))
         q_lens = [num_tokens // num_reqs] * num_reqs
         q_lens[-1] += num_tokens - sum(q_lens)
         rows = [self.req_state.scratch_row] * num_reqs

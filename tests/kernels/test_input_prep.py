@@ -45,7 +45,10 @@ def _batch(g, num_rows, max_len, max_reqs, max_prefill):
     q_lens, kinds = [], []
     for i, row in enumerate(rows.tolist()):
         # force one decode row and one prefill row; the rest at random
-        kind = "decode" if i == 0 else "prefill" if i == 1 else ["decode", "prefill"][int(torch.randint(0, 2, (1,), generator=g))]
+        if i < 2:
+            kind = ("decode", "prefill")[i]
+        else:
+            kind = ("decode", "prefill")[int(torch.randint(0, 2, (1,), generator=g))]
         if kind == "decode":
             q = 1
             num_computed[row] = int(torch.randint(0, max_len, (1,), generator=g))

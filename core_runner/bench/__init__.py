@@ -1,0 +1,1 @@
+"""Benchmarks of DESIGN.md section 8 (``core-runner bench``)."""

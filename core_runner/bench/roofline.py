@@ -1,0 +1,20 @@
+"""Memory-bound limits: the fastest a workload could run if every step only streamed
+the weights and the KV cache it reads at the measured copy bandwidth."""
+from __future__ import annotations
+
+
+def decode_roofline_tok_s(
+    workload: list[tuple[list[int], int, float]], weight_bytes: int, kv_bytes_per_token: int,
+    bandwidth: float, max_num_seqs: int,
+) -> float:
+    """Output tok/s if all requests decode together in waves of ``max_num_seqs`` and each
+    step costs (weights + live context x KV bytes) / bandwidth. Prefill is ignored."""
+    total_time, total_out = 0.0, 0
+    for w in range(0, len(workload), max_num_seqs):
+        wave = workload[w: w + max_num_seqs]
+        steps = max(o for _, o, _ in wave)
+        for s in range(steps):
+            ctx = sum(len(p) + s for p, o, _ in wave if s < o)
+            total_time += (weight_bytes + ctx * kv_bytes_per_token) / bandwidth
+        total_out += sum(o for _, o, _ in wave)
+    return total_out / total_time if total_time else 0.0

@@ -1,0 +1,204 @@
+"""``core-runner bench``: workloads W1/W2 on a Qwen3-0.6B-shaped model (random bf16
+weights) or any checkpoint, timing output tok/s, TTFT and TPOT, against the roofline
+and, with ``--peer``, the transformers continuous-batching peer in the same call."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from core_runner.bench.roofline import decode_roofline_tok_s
+from core_runner.bench.workloads import make_random_checkpoint, make_workload, qwen3_0p6b_config
+
+logger = logging.getLogger(__name__)
+
+
+def percentile(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+
+def default_checkpoint(device: str) -> str:
+    root = Path(os.environ.get("CORE_RUNNER_CACHE", Path.home() / ".cache" / "core-runner"))
+    path = root / "bench-qwen3-0.6b-random-bf16"
+    if not (path / "config.json").is_file():
+        logger.info("building the random Qwen3-0.6B-shaped checkpoint in %s", path)
+        tmp = Path(tempfile.mkdtemp(dir=root if root.exists() else None))
+        make_random_checkpoint(tmp, qwen3_0p6b_config(), dtype=torch.bfloat16, device=device)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + written per second)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    return 2 * nbytes * 10 / (time.perf_counter() - t)
+
+
+def run_engine(llm, workload, profile_steps: int = 0) -> dict:
+    from core_runner import SamplingParams
+
+    eng = llm.engine
+    # warm-up: a few short requests through the whole path (Triton JIT, allocator)
+    llm.generate([p[:16] for p, _, _ in workload[:8]], SamplingParams(max_tokens=8, ignore_eos=True))
+    if eng.runner.device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for i, (prompt, out_len, temp) in enumerate(workload):
+        eng.add_request(prompt, SamplingParams(max_tokens=out_len, temperature=temp, ignore_eos=True, seed=i),
+                        req_id=f"b{i}")
+    outs, steps, prof, idle = [], 0, None, {}
+    # profile decode steps well after the prefill wave
+    prof_at = max(s for s in (len(workload) // 4 + 50, 10))
+    while eng.has_unfinished_requests():
+        if profile_steps and steps == prof_at:
+            prof = _start_profile()
+        outs += eng.step()
+        steps += 1
+        if prof is not None and steps == prof_at + profile_steps:
+            idle = _stop_profile(prof)
+            prof = None
+    if eng.runner.device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    n_out = sum(len(o.token_ids) for o in outs)
+    expect = sum(o for _, o, _ in workload)
+    if n_out != expect:
+        raise RuntimeError(f"generated {n_out} tokens, the workload asks for {expect}")
+    ttft = [o.first_token_time - start for o in outs]
+    tpot = [(o.finish_time - o.first_token_time) / (len(o.token_ids) - 1) for o in outs if len(o.token_ids) > 1]
+    res = {
+        "output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "output_tokens": n_out, "steps": steps,
+        "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+        "tpot_p50_ms": 1e3 * percentile(tpot, 50), "tpot_p99_ms": 1e3 * percentile(tpot, 99),
+        "preemptions": eng.scheduler.num_preemptions,
+    }
+    if eng.runner.device.type == "cuda":
+        res["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    res.update(idle)
+    return res
+
+
+def _start_profile():
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    prof.__enter__()
+    return prof
+
+
+def _stop_profile(prof) -> dict:
+    """GPU idle share over the profiled steps: 1 - (union of kernel intervals / span)."""
+    torch.cuda.synchronize()
+    prof.__exit__(None, None, None)
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    if not spans:
+        return {"gpu_idle_frac": float("nan")}
+    busy, cur_s, cur_e = 0.0, *spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = spans[-1][1] - spans[0][0]
+    return {"gpu_idle_frac": 1 - busy / span, "profiled_span_ms": span / 1e3}
+
+
+def run_peer(model: str, workload_name: str, num_requests: int | None, device: str, timeout: int) -> dict:
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "peers.py"
+    if not script.is_file():
+        return {"error": f"peer script not found at {script} (run from a source checkout)"}
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        cmd = [sys.executable, str(script), "--model", model, "--workload", workload_name,
+               "--device", device, "--json", f.name]
+        if num_requests:
+            cmd += ["--num-requests", str(num_requests)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"peer timed out after {timeout}s"}
+        try:
+            return json.loads(Path(f.name).read_text())
+        except (OSError, json.JSONDecodeError):
+            return {"error": f"peer failed (rc={proc.returncode}): {proc.stderr[-2000:]}"}
+
+
+def bench(args) -> dict:
+    from core_runner import LLM
+
+    device = args.device
+    model = args.model or default_checkpoint(device)
+    results = {}
+    for name in args.workload:
+        llm = LLM(model, device=device, dtype=args.dtype, max_model_len=args.max_model_len,
+                  max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                  block_size=args.block_size, kv_cache_memory_fraction=args.kv_fraction,
+                  enforce_eager=args.enforce_eager)
+        vocab = llm.engine.vocab_size
+        workload = make_workload(name, vocab, args.num_requests)
+        res = run_engine(llm, workload, profile_steps=args.profile_steps)
+        mem = llm.engine.memory_report()
+        weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+        res["plan"] = repr(llm.engine.plan)
+        if device.startswith("cuda"):
+            bw = copy_bandwidth(device)
+            res["copy_bw_gb_s"] = bw / 1e9
+            roof = decode_roofline_tok_s(workload, weight_bytes, mem["kv_bytes_per_token"], bw / 2,
+                                         args.max_num_seqs)
+            res["roofline_tok_s"] = roof
+            res["ratio_to_roofline"] = res["output_tok_s"] / roof
+        del llm
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+        if args.peer:
+            peer = run_peer(model, name, args.num_requests, device, args.peer_timeout)
+            res["peer"] = peer
+            if peer.get("output_tok_s"):
+                res["ratio_to_peer"] = res["output_tok_s"] / peer["output_tok_s"]
+        results[name] = res
+        print(format_result(name, res), flush=True)
+    return results
+
+
+def format_result(name: str, r: dict) -> str:
+    lines = [f"{name}: {r['output_tok_s']:,.0f} output tok/s ({r['output_tokens']} tokens in {r['elapsed_s']:.2f} s, "
+             f"{r['steps']} steps, {r['preemptions']} preemptions)",
+             f"  TTFT p50 {r['ttft_p50_s']:.3f} s p99 {r['ttft_p99_s']:.3f} s | "
+             f"TPOT p50 {r['tpot_p50_ms']:.2f} ms p99 {r['tpot_p99_ms']:.2f} ms"]
+    if "peak_gpu_mem_gib" in r:
+        lines.append(f"  peak GPU memory {r['peak_gpu_mem_gib']:.1f} GiB")
+    if "roofline_tok_s" in r:
+        lines.append(f"  roofline {r['roofline_tok_s']:,.0f} tok/s (copy bw {r['copy_bw_gb_s']:.0f} GB/s): "
+                     f"ratio {r['ratio_to_roofline']:.2f}")
+    if "gpu_idle_frac" in r:
+        lines.append(f"  GPU idle over profiled decode steps: {100 * r['gpu_idle_frac']:.1f}%")
+    if "peer" in r:
+        p = r["peer"]
+        if p.get("output_tok_s"):
+            lines.append(f"  peer (transformers {p.get('config')}): {p['output_tok_s']:,.0f} tok/s -> "
+                         f"ratio {r['ratio_to_peer']:.1f}x")
+        else:
+            lines.append(f"  peer failed: {p.get('error')}")
+    return "\n".join(lines)

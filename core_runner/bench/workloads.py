@@ -1,0 +1,221 @@
+"""Benchmark workloads and the random-weight Qwen3-0.6B-shaped checkpoint they run on.
+
+Workloads (see DESIGN):
+
+* ``W1``: 1024 requests, 128 prompt tokens, 256 output tokens each, greedy (temperature 0.0).
+* ``W2``: 256 requests; for each request, in order, a prompt length then an output length, each
+  ``randint(100, 1024)`` from a generator seeded with 0 (identical to ``random.seed(0)`` followed by
+  ``random.randint`` calls, without touching the global generator); temperature 0.6.
+
+Prompt token ids are drawn from ``[3, vocab_size)`` by a separate ``random.Random(0)``, request by
+request. EOS is ignored in both workloads: every request must produce exactly its output length.
+
+``make_workload`` returns ``[(prompt_token_ids, output_len, temperature), ...]``. Asking for fewer
+requests (``num_requests``) returns a prefix of the full workload; ``scale`` divides every length
+(after drawing, so the draws do not change) to make smoke tests cheap.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WORKLOADS = ("W1", "W2")
+
+_W1_DEFAULT_REQUESTS = 1024
+_W1_PROMPT_LEN = 128
+_W1_OUTPUT_LEN = 256
+_W1_TEMPERATURE = 0.0
+
+_W2_DEFAULT_REQUESTS = 256
+_W2_MIN_LEN = 100
+_W2_MAX_LEN = 1024
+_W2_TEMPERATURE = 0.6
+
+_FIRST_TOKEN_ID = 3  # ids 0..2 are left out (special tokens in many vocabularies)
+
+Request = tuple[list[int], int, float]
+
+
+def make_workload(
+    name: str,
+    vocab_size: int,
+    num_requests: int | None = None,
+    *,
+    scale: int = 1,
+) -> list[Request]:
+    """The named workload as ``[(prompt_token_ids, output_len, temperature), ...]``.
+
+    ``num_requests`` overrides the workload's request count (a prefix of the full workload when
+    smaller). ``scale`` divides prompt and output lengths (each at least 1); 1 is the real workload.
+    """
+    key = name.strip().upper()
+    if key not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; expected one of {', '.join(WORKLOADS)}")
+    if vocab_size <= _FIRST_TOKEN_ID:
+        raise ValueError(f"vocab_size must be > {_FIRST_TOKEN_ID}, got {vocab_size}")
+    if num_requests is not None and num_requests < 0:
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
+
+    if key == "W1":
+        n = _W1_DEFAULT_REQUESTS if num_requests is None else num_requests
+        shapes = [(_W1_PROMPT_LEN, _W1_OUTPUT_LEN)] * n
+        temperature = _W1_TEMPERATURE
+    else:
+        n = _W2_DEFAULT_REQUESTS if num_requests is None else num_requests
+        length_rng = random.Random(0)  # same stream as random.seed(0); random.randint(...)
+        shapes = []
+        for _ in range(n):
+            prompt_len = length_rng.randint(_W2_MIN_LEN, _W2_MAX_LEN)
+            output_len = length_rng.randint(_W2_MIN_LEN, _W2_MAX_LEN)
+            shapes.append((prompt_len, output_len))
+        temperature = _W2_TEMPERATURE
+
+    token_rng = random.Random(0)
+    workload: list[Request] = []
+    for prompt_len, output_len in shapes:
+        prompt = [token_rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(prompt_len)]
+        if scale > 1:
+            prompt = prompt[: max(1, prompt_len // scale)]
+            output_len = max(1, output_len // scale)
+        workload.append((prompt, output_len, temperature))
+    return workload
+
+
+def workload_summary(workload: list[Request]) -> dict[str, Any]:
+    """Counts and length ranges of a workload (for logs and JSON reports)."""
+    if not workload:
+        return {"num_requests": 0, "prompt_tokens": 0, "output_tokens": 0}
+    prompt_lens = [len(p) for p, _, _ in workload]
+    output_lens = [o for _, o, _ in workload]
+    return {
+        "num_requests": len(workload),
+        "prompt_tokens": sum(prompt_lens),
+        "output_tokens": sum(output_lens),
+        "prompt_len_range": [min(prompt_lens), max(prompt_lens)],
+        "output_len_range": [min(output_lens), max(output_lens)],
+        "temperatures": sorted({t for _, _, t in workload}),
+    }
+
+
+# Qwen3-0.6B's shape. Token ids of the real tokenizer; dropped when a smaller vocab is asked for.
+_QWEN3_0P6B = dict(
+    vocab_size=151936,
+    hidden_size=1024,
+    intermediate_size=3072,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    hidden_act="silu",
+    attention_bias=False,
+    use_sliding_window=False,
+    initializer_range=0.02,
+)
+_QWEN3_BOS = 151643
+_QWEN3_EOS = 151645
+_ROPE_THETA = 1_000_000.0
+
+
+def qwen3_0p6b_config(**overrides: Any):
+    """A ``transformers.Qwen3Config`` with Qwen3-0.6B's shape; keyword arguments override fields.
+
+    ``rope_theta=...`` is accepted as an override and folded into ``rope_parameters``.
+    """
+    from transformers import Qwen3Config
+
+    kwargs: dict[str, Any] = dict(_QWEN3_0P6B)
+    rope_theta = float(overrides.pop("rope_theta", _ROPE_THETA))
+    kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": rope_theta}
+    kwargs["bos_token_id"] = _QWEN3_BOS
+    kwargs["eos_token_id"] = _QWEN3_EOS
+    kwargs.update(overrides)
+    vocab = kwargs["vocab_size"]
+    for key in ("bos_token_id", "eos_token_id"):
+        if key not in overrides and kwargs[key] is not None and kwargs[key] >= vocab:
+            kwargs[key] = None  # the real ids do not exist in a shrunken vocabulary
+    if "num_key_value_heads" in kwargs and kwargs["num_key_value_heads"] is not None:
+        if kwargs["num_attention_heads"] % kwargs["num_key_value_heads"]:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+    config = Qwen3Config(**kwargs)
+    config.architectures = ["Qwen3ForCausalLM"]
+    return config
+
+
+def tiny_qwen3_config(**overrides: Any):
+    """A very small Qwen3 config for CPU smoke tests."""
+    small = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+    )
+    small.update(overrides)
+    return qwen3_0p6b_config(**small)
+
+
+def make_random_checkpoint(
+    path: str | Path,
+    config,
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+) -> Path:
+    """Build ``Qwen3ForCausalLM(config)`` with random weights and ``save_pretrained`` it to ``path``.
+
+    The module is created on the meta device (no allocation, no init), materialised directly in
+    ``dtype`` on ``device`` (default: CUDA when available, else CPU), then filled in place:
+    linear and embedding weights ~ N(0, initializer_range), norms = 1. A 0.6B model takes
+    a few seconds on a GPU and well under a minute on CPU.
+    """
+    from transformers import Qwen3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    std = float(getattr(config, "initializer_range", 0.02) or 0.02)
+
+    config.dtype = dtype  # recorded in config.json
+    previous_default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)  # so that to_empty allocates directly in dtype
+    try:
+        with torch.device("meta"):
+            model = Qwen3ForCausalLM(config)
+    finally:
+        torch.set_default_dtype(previous_default)
+    # Non-persistent buffers (RoPE inv_freq) are left uninitialised here; they are not saved and
+    # from_pretrained recomputes them, so only the parameters matter.
+    model = model.to_empty(device=device).to(dtype)
+
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif param.dim() >= 2:
+                param.normal_(mean=0.0, std=std, generator=gen)
+            else:
+                param.zero_()  # biases (Qwen3 has none by default)
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+
+    model.eval()
+    model.save_pretrained(str(path))
+    del model
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return path

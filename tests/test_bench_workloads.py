@@ -1,0 +1,196 @@
+"""Quick CPU tests of the benchmark workloads and of the transformers peer run (benchmarks/)."""
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks import peers  # noqa: E402
+from benchmarks.workloads import (  # noqa: E402
+    make_random_checkpoint,
+    make_workload,
+    qwen3_0p6b_config,
+    tiny_qwen3_config,
+    workload_summary,
+)
+
+VOCAB = 151936
+
+
+# ------------------------------------------------------------------------------------------- #
+# Workloads
+# ------------------------------------------------------------------------------------------- #
+
+
+def test_w1_shape_and_determinism():
+    wl = make_workload("W1", VOCAB)
+    assert len(wl) == 1024
+    assert all(len(p) == 128 and o == 256 and t == 0.0 for p, o, t in wl)
+    assert all(3 <= tok < VOCAB for p, _, _ in wl for tok in p)
+    assert wl == make_workload("w1", VOCAB)  # deterministic, name case-insensitive
+    assert wl[0][0] != wl[1][0]  # prompts differ between requests
+
+
+def test_w2_lengths_follow_seeded_randint():
+    wl = make_workload("W2", VOCAB)
+    assert len(wl) == 256
+    assert all(100 <= len(p) <= 1024 and 100 <= o <= 1024 and t == 0.6 for p, o, t in wl)
+    assert all(3 <= tok < VOCAB for p, _, _ in wl for tok in p)
+    # The DESIGN recipe: random.seed(0), then per request randint(100, 1024) for prompt, then output.
+    state = random.getstate()
+    try:
+        random.seed(0)
+        expected = [(random.randint(100, 1024), random.randint(100, 1024)) for _ in range(256)]
+    finally:
+        random.setstate(state)
+    assert [(len(p), o) for p, o, _ in wl] == expected
+    # Token ids come from their own random.Random(0), request after request.
+    rng = random.Random(0)
+    assert wl[0][0] == [rng.randrange(3, VOCAB) for _ in range(len(wl[0][0]))]
+    assert wl == make_workload("W2", VOCAB)
+
+
+def test_w2_does_not_touch_global_random():
+    random.seed(123)
+    before = random.random()
+    random.seed(123)
+    make_workload("W2", VOCAB, 4)
+    assert random.random() == before
+
+
+def test_num_requests_gives_a_prefix():
+    for name in ("W1", "W2"):
+        full = make_workload(name, VOCAB)
+        assert make_workload(name, VOCAB, 10) == full[:10]
+        assert make_workload(name, VOCAB, 0) == []
+    assert len(make_workload("W2", VOCAB, 300)) == 300  # beyond the default count the stream continues
+
+
+def test_scale_divides_lengths_without_changing_draws():
+    full = make_workload("W2", 512, 5)
+    small = make_workload("W2", 512, 5, scale=8)
+    for (p, o, t), (sp, so, st) in zip(full, small):
+        assert len(sp) == max(1, len(p) // 8) and sp == p[: len(sp)]
+        assert so == max(1, o // 8) and st == t
+
+
+def test_small_vocab_and_bad_arguments():
+    wl = make_workload("W1", 8, 3)
+    assert all(3 <= tok < 8 for p, _, _ in wl for tok in p)
+    with pytest.raises(ValueError):
+        make_workload("W3", VOCAB)
+    with pytest.raises(ValueError):
+        make_workload("W1", 3)
+    with pytest.raises(ValueError):
+        make_workload("W1", VOCAB, scale=0)
+
+
+def test_workload_summary():
+    s = workload_summary(make_workload("W1", VOCAB, 4))
+    assert s["num_requests"] == 4 and s["output_tokens"] == 1024 and s["prompt_tokens"] == 512
+    assert s["temperatures"] == [0.0]
+
+
+def test_qwen3_0p6b_config_shape():
+    c = qwen3_0p6b_config()
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size, c.num_hidden_layers) == (151936, 1024, 3072, 28)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (16, 8, 128)
+    assert c.max_position_embeddings == 40960 and c.rms_norm_eps == 1e-6 and c.tie_word_embeddings
+    rope = getattr(c, "rope_parameters", None) or {}
+    assert rope.get("rope_theta", getattr(c, "rope_theta", None)) == 1e6
+    assert c.eos_token_id == 151645
+    tiny = tiny_qwen3_config()
+    assert tiny.vocab_size == 512 and tiny.eos_token_id is None  # real ids dropped from a small vocab
+    assert qwen3_0p6b_config(num_hidden_layers=2).num_hidden_layers == 2
+
+
+# ------------------------------------------------------------------------------------------- #
+# Peer helpers
+# ------------------------------------------------------------------------------------------- #
+
+
+def test_length_buckets_cover_everything():
+    wl = make_workload("W2", 512, 10)
+    buckets = peers._length_buckets(wl, 4)
+    assert len(buckets) <= 4
+    seen = sorted(i for ix, _ in buckets for i in ix)
+    assert seen == list(range(10))
+    for ix, mx in buckets:
+        assert mx == max(wl[i][1] for i in ix)
+    assert len(peers._length_buckets(make_workload("W1", 512, 10), 4)) == 1  # one length, one bucket
+
+
+def test_count_outputs_checks_lengths():
+    req = {"a": ([1], 3), "b": ([1], 2)}
+    ok = peers._count_outputs(req, {"a": [5, 5, 5], "b": [5, 5]})
+    assert ok["output_tokens"] == 5 and ok["length_check"].startswith("ok")
+    short = peers._count_outputs(req, {"a": [5], "b": [5, 5]})
+    assert short["output_tokens"] == 3 and short["length_check"].startswith("MISMATCH")
+    over = peers._count_outputs(req, {"a": [5] * 4, "b": [5, 5]}, overshoot_ok=True)
+    assert over["output_tokens"] == 5 and over["wasted_tokens"] == 1 and over["length_check"].startswith("ok")
+    missing = peers._count_outputs(req, {"a": [5, 5, 5]})
+    assert "1 missing" in missing["length_check"]
+
+
+def test_plan_order_on_cpu():
+    names = [a["name"] for a in peers._plan_attempts("cpu", 0, ("cb-manager", "cb-generate_batch",
+                                                                 "generate-padded"))]
+    assert names[0] == "cb-manager/sdpa"
+    assert names.index("cb-generate_batch/sdpa") > names.index("cb-manager/paged|eager")
+    assert names[-2:] == ["generate-padded/sdpa", "generate-padded/eager"]
+    assert not any("flash" in n for n in names)
+
+
+# ------------------------------------------------------------------------------------------- #
+# CPU smoke runs on a tiny random checkpoint
+# ------------------------------------------------------------------------------------------- #
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("tiny_qwen3")
+    make_random_checkpoint(path, tiny_qwen3_config(), device="cpu")
+    assert (path / "config.json").is_file() and list(path.glob("*.safetensors"))
+    assert json.loads((path / "config.json").read_text())["vocab_size"] == 512
+    return str(path)
+
+
+def test_hf_peer_continuous_batching_cpu(tiny_checkpoint):
+    wl = make_workload("W2", 512, 4, scale=16)  # prompt/output lengths 6..64, temperature 0.6
+    res = peers.run_hf_peer(tiny_checkpoint, wl, device="cpu", timeout_s=50, warmup_requests=2)
+    assert res["error"] is None, res
+    assert res["config"].startswith("cb-"), res["attempts"]
+    assert res["total_output_tokens"] == sum(o for _, o, _ in wl)
+    assert res["length_check"].startswith("ok"), res["length_check"]
+    assert res["output_tok_s"] > 0 and res["elapsed_s"] > 0
+    assert res["transformers"]
+    json.dumps(res)  # JSON-serialisable
+
+
+def test_hf_peer_falls_back_to_padded_generate(tiny_checkpoint, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("continuous batching unavailable (test)")
+
+    monkeypatch.setattr(peers, "_run_cb_manager", broken)
+    monkeypatch.setattr(peers, "_run_cb_generate_batch", broken)
+    wl = make_workload("W1", 512, 3, scale=16)  # 8 prompt tokens, 16 output tokens, greedy
+    res = peers.run_hf_peer(tiny_checkpoint, wl, device="cpu", timeout_s=50, warmup_requests=1)
+    assert res["config"] == "generate-padded/sdpa", res["attempts"]
+    assert "continuous batching unavailable" in res["error"]
+    assert res["total_output_tokens"] == 3 * 16
+    assert res["length_check"].startswith("ok")
+    assert [a["error"] is None for a in res["attempts"]][-1]
+
+
+def test_hf_peer_timeout_reports_error(tiny_checkpoint):
+    wl = make_workload("W1", 512, 2, scale=16)
+    res = peers.run_hf_peer(tiny_checkpoint, wl, device="cpu", timeout_s=0.0)
+    assert res["error"] and "timeout" in res["error"]
+    assert res["total_output_tokens"] == 0
