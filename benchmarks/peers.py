@@ -1,7 +1,7 @@
 """Peer measurement: Hugging Face transformers continuous batching on our benchmark workloads.
 
 ``run_hf_peer`` loads a checkpoint with transformers and serves a workload from
-``benchmarks.workloads`` through transformers' own continuous-batching engine, so the main
+``core_runner.bench.workloads`` through transformers' own continuous-batching engine, so the main
 benchmark can print core-runner / transformers throughput ratios.
 
 Configurations are tried strongest first; the first that completes is reported (``"config"``)
@@ -81,7 +81,7 @@ import torch
 if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.workloads import WORKLOADS, make_workload, workload_summary  # noqa: E402
+from core_runner.bench.workloads import WORKLOADS, make_workload, workload_summary  # noqa: E402
 
 logger = logging.getLogger("benchmarks.peers")
 
@@ -179,7 +179,8 @@ def run_hf_peer(
             result["attempts"].append({"config": attempt["name"], "error": message})
             if outcome is not None:
                 _fill_result(result, attempt, outcome)
-            result["config"] = attempt["name"]
+            else:
+                result["config"] = attempt["name"]
             result["error"] = _join_errors(cb_errors + [message])
             break
         except Exception as exc:  # noqa: BLE001 - any failure moves on to the next configuration
@@ -308,7 +309,8 @@ def _run_attempt(attempt: dict, model_path: str, workload: list, device: str,
 def _fill_result(result: dict, attempt: dict, outcome: dict) -> None:
     tokens = int(outcome["output_tokens"])
     elapsed = float(outcome["elapsed_s"])
-    result["config"] = attempt["name"]
+    suffix = outcome.get("config_suffix")
+    result["config"] = attempt["name"] + (f" [{suffix}]" if suffix else "")
     result["total_output_tokens"] = tokens
     result["elapsed_s"] = round(elapsed, 4)
     result["output_tok_s"] = round(tokens / elapsed, 2) if elapsed > 0 else 0.0
@@ -325,6 +327,7 @@ def _fill_result(result: dict, attempt: dict, outcome: dict) -> None:
 # --------------------------------------------------------------------------------------------- #
 
 
+@torch.no_grad()
 def _run_cb_manager(model, workload: list, device: str, attempt: dict, *,
                     max_batch_tokens: int | None, num_blocks: int | None, warmup_requests: int,
                     deadline: float | None, **_: Any) -> dict:
@@ -384,13 +387,13 @@ def _run_cb_manager(model, workload: list, device: str, attempt: dict, *,
         elapsed = max(t_last - t_start, 1e-9)
         outcome = _count_outputs(requests, got)
         outcome["elapsed_s"] = elapsed
+        outcome["config_suffix"] = "per-request max_new_tokens"
         details["temperature"] = temperature
         details.update(_describe_manager(manager, model))
         outcome["details"] = details
         if timed_out:
             raise PeerTimeout(f"timeout: {len(got)}/{len(requests)} requests finished", outcome)
-        if outcome["failed"]:
-            outcome["error"] = f"{outcome['failed']} request(s) failed: {outcome['first_error']}"
+        _check_failures(outcome)
         return outcome
     finally:
         if started:
@@ -483,6 +486,7 @@ def _describe_manager(manager, model) -> dict:
 # --------------------------------------------------------------------------------------------- #
 
 
+@torch.no_grad()
 def _run_cb_generate_batch(model, workload: list, device: str, attempt: dict, *,
                            max_batch_tokens: int | None, num_blocks: int | None, warmup_requests: int,
                            deadline: float | None, **_: Any) -> dict:
@@ -526,6 +530,7 @@ def _run_cb_generate_batch(model, workload: list, device: str, attempt: dict, *,
     elapsed = max(time.perf_counter() - t_start, 1e-9)
     outcome = _count_outputs(requested, got, overshoot_ok=True)
     outcome["elapsed_s"] = elapsed
+    outcome["config_suffix"] = f"{len(buckets)} length bucket(s), shared max_new_tokens each"
     outcome["details"] = {
         "api": "generate_batch (one max_new_tokens per call)",
         "buckets": [[len(ix), mx] for ix, mx in buckets],
@@ -538,8 +543,7 @@ def _run_cb_generate_batch(model, workload: list, device: str, attempt: dict, *,
     }
     if timed_out:
         raise PeerTimeout(f"timeout after {len(got)}/{len(workload)} requests", outcome)
-    if outcome["failed"]:
-        outcome["error"] = f"{outcome['failed']} request(s) failed: {outcome['first_error']}"
+    _check_failures(outcome)
     return outcome
 
 
@@ -561,6 +565,7 @@ def _length_buckets(workload: list, max_buckets: int) -> list[tuple[list[int], i
 # --------------------------------------------------------------------------------------------- #
 
 
+@torch.no_grad()
 def _run_generate_padded(model, workload: list, device: str, attempt: dict, *,
                          padded_batch_size: int | None, warmup_requests: int, deadline: float | None,
                          **_: Any) -> dict:
@@ -611,6 +616,7 @@ def _run_generate_padded(model, workload: list, device: str, attempt: dict, *,
     elapsed = max(time.perf_counter() - t_start, 1e-9)
     outcome = _count_outputs(requested, got, overshoot_ok=True)
     outcome["elapsed_s"] = elapsed
+    outcome["config_suffix"] = f"batch {bs}, no continuous batching"
     outcome["details"] = {
         "api": "model.generate, left-padded batches sorted by output length",
         "batch_size": bs,
@@ -674,6 +680,16 @@ def _count_outputs(requested: dict[str, tuple[list[int], int]], got: dict[str, A
         check = "MISMATCH: " + ", ".join(parts)
     return {"output_tokens": counted, "finished_requests": len(got), "wasted_tokens": wasted,
             "failed": failed, "first_error": first_error, "length_check": check}
+
+
+def _check_failures(outcome: dict) -> None:
+    """Requests that errored inside transformers: all of them fails the attempt, some is reported."""
+    if not outcome["failed"]:
+        return
+    message = f"{outcome['failed']} request(s) failed: {outcome['first_error']}"
+    if outcome["output_tokens"] == 0 or outcome["failed"] == outcome["finished_requests"]:
+        raise RuntimeError(message)
+    outcome["error"] = message
 
 
 # --------------------------------------------------------------------------------------------- #
@@ -897,6 +913,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="ContinuousBatchingConfig.default_compile_level to try first (0: no torch.compile)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds for the whole run")
     parser.add_argument("--warmup-requests", type=int, default=_DEFAULT_WARMUP_REQUESTS)
+    parser.add_argument("--padded-batch-size", type=int, default=None,
+                        help="batch size of the generate-padded fallback (default 64 on GPU, 8 on CPU)")
     parser.add_argument("--modes", default="cb-manager,cb-generate_batch,generate-padded",
                         help="comma-separated subset of cb-manager, cb-generate_batch, generate-padded")
     parser.add_argument("--json", dest="json_out", default=None, help="write the result here")
@@ -909,7 +927,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_hf_peer(
         args.model, workload, device=args.device, max_batch_tokens=args.max_batch_tokens,
         timeout_s=args.timeout, num_blocks=args.num_blocks, compile_level=args.compile_level,
-        dtype=args.dtype, warmup_requests=args.warmup_requests,
+        dtype=args.dtype, warmup_requests=args.warmup_requests, padded_batch_size=args.padded_batch_size,
         modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
     )
     result["workload_name"] = args.workload

@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--kv-fraction", type=float, default=0.8)
     b.add_argument("--enforce-eager", action="store_true")
     b.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps for GPU idle time")
-    b.add_argument("--peer", action="store_true", help="also run the transformers peer (benchmarks/peers.py)")
+    b.add_argument("--peer", nargs="*", default=None, choices=["W1", "W2"],
+                   help="also run the transformers peer (benchmarks/peers.py) on these workloads (none listed: all)")
     b.add_argument("--peer-timeout", type=int, default=900)
     b.add_argument("--json", default=None, help="write results here")
     b.add_argument("-v", "--verbose", action="store_true")

@@ -13,7 +13,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
-from benchmarks.workloads import (  # noqa: E402
+from core_runner.bench.workloads import (  # noqa: E402
     make_random_checkpoint,
     make_workload,
     qwen3_0p6b_config,
@@ -165,6 +165,10 @@ def tiny_checkpoint(tmp_path_factory) -> str:
 def test_hf_peer_continuous_batching_cpu(tiny_checkpoint):
     wl = make_workload("W2", 512, 4, scale=16)  # prompt/output lengths 6..64, temperature 0.6
     res = peers.run_hf_peer(tiny_checkpoint, wl, device="cpu", timeout_s=50, warmup_requests=2)
+    if res["error"] and "available memory 0" in res["error"]:
+        # transformers before ~5.2x cannot size its CPU KV cache without psutil (it then fell back).
+        assert res["config"].startswith("generate-padded/sdpa") and res["length_check"].startswith("ok")
+        pytest.skip("this transformers needs psutil for continuous batching on CPU")
     assert res["error"] is None, res
     assert res["config"].startswith("cb-"), res["attempts"]
     assert res["total_output_tokens"] == sum(o for _, o, _ in wl)
@@ -182,7 +186,7 @@ def test_hf_peer_falls_back_to_padded_generate(tiny_checkpoint, monkeypatch):
     monkeypatch.setattr(peers, "_run_cb_generate_batch", broken)
     wl = make_workload("W1", 512, 3, scale=16)  # 8 prompt tokens, 16 output tokens, greedy
     res = peers.run_hf_peer(tiny_checkpoint, wl, device="cpu", timeout_s=50, warmup_requests=1)
-    assert res["config"] == "generate-padded/sdpa", res["attempts"]
+    assert res["config"].startswith("generate-padded/sdpa"), res["attempts"]
     assert "continuous batching unavailable" in res["error"]
     assert res["total_output_tokens"] == 3 * 16
     assert res["length_check"].startswith("ok")

@@ -248,6 +248,11 @@ def test_seeded_sampling_is_random_and_seed_dependent(untied, seeded_alone):
                    ("s3", prompt, sampled(N_NEW, **{**SEEDED, "seed": 1234}))])
     assert outs["s2"].token_ids != tokens, "seeds 1234 and 4321 gave the same tokens"
     assert outs["s3"].token_ids == tokens
+    # the nucleus cut matters for these tokens, so the batch/row/preemption tests below
+    # would notice a top_p that is dropped or applied to the wrong row
+    e = make_engine(untied)
+    no_cut = run(e, [("n", prompt, sampled(N_NEW, **{**SEEDED, "top_p": 1.0}))])["n"]
+    assert no_cut.token_ids != tokens, "top_p=0.9 and top_p=1.0 sampled the same tokens"
 
 
 def test_seeded_sampling_same_in_mixed_batch(untied, seeded_alone):
@@ -305,12 +310,13 @@ def test_seeded_sampling_same_for_other_block_size_and_chunking(untied, seeded_a
 
 
 # ---------------------------------------------------------------------------------
-# dummy run at the engine's own step budget (kept last: it documents a library bug)
+# dummy run at the engine's own step budget (regression test)
 # ---------------------------------------------------------------------------------
 def test_dummy_run_at_full_step_budget(untied):
     """A warm-up / capture dummy run of the full step budget must work and change
-    nothing. With max_model_len=128 the default budget is max(128, 2048) = 2048 tokens,
-    which _dummy_batch spreads as 256 tokens per scratch-row request."""
+    nothing. With max_model_len=128 the default budget is max(128, 2048) = 2048 tokens;
+    spread over max_num_seqs=8 scratch-row requests that is 256 tokens each, past
+    max_model_len (this used to raise IndexError in prepare_inputs_ref)."""
     e = make_engine(untied)
     cfg = e.config
     assert cfg.max_num_batched_tokens > cfg.max_model_len

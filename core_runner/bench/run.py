@@ -132,7 +132,7 @@ def run_peer(model: str, workload_name: str, num_requests: int | None, device: s
         return {"error": f"peer script not found at {script} (run from a source checkout)"}
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, str(script), "--model", model, "--workload", workload_name,
-               "--device", device, "--json", f.name]
+               "--device", device, "--json", f.name, "--timeout", str(max(60, timeout - 60))]
         if num_requests:
             cmd += ["--num-requests", str(num_requests)]
         try:
@@ -172,7 +172,7 @@ def bench(args) -> dict:
         del llm
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
-        if args.peer:
+        if args.peer is not None and (not args.peer or name in args.peer):
             peer = run_peer(model, name, args.num_requests, device, args.peer_timeout)
             res["peer"] = peer
             if peer.get("output_tok_s"):

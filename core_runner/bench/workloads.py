@@ -219,3 +219,28 @@ def make_random_checkpoint(
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python benchmarks/workloads.py --make-checkpoint DIR [--tiny] [--device cuda]``."""
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Write the random-weight benchmark checkpoint, or show a workload.")
+    parser.add_argument("--make-checkpoint", metavar="DIR", help="write a random Qwen3-0.6B-shaped checkpoint here")
+    parser.add_argument("--tiny", action="store_true", help="a tiny Qwen3 config instead (smoke tests)")
+    parser.add_argument("--device", default=None, help="where to initialise the weights (default: cuda if present)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--summary", choices=WORKLOADS, type=str.upper, help="print a workload's summary")
+    args = parser.parse_args(argv)
+    if args.make_checkpoint:
+        config = tiny_qwen3_config() if args.tiny else qwen3_0p6b_config()
+        path = make_random_checkpoint(args.make_checkpoint, config, seed=args.seed, device=args.device)
+        print(path)
+    if args.summary:
+        print(json.dumps(workload_summary(make_workload(args.summary, 151936))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
