@@ -33,7 +33,8 @@ def default_checkpoint(device: str) -> str:
     path = root / "bench-qwen3-0.6b-random-bf16"
     if not (path / "config.json").is_file():
         logger.info("building the random Qwen3-0.6B-shaped checkpoint in %s", path)
-        tmp = Path(tempfile.mkdtemp(dir=root if root.exists() else None))
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=root))
         make_random_checkpoint(tmp, qwen3_0p6b_config(), dtype=torch.bfloat16, device=device)
         os.replace(tmp, path)
     return str(path)

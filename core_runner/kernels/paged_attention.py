@@ -117,8 +117,7 @@ def _attn_kernel(
         kv_end = tl.minimum(seq_len, pos0 + n_tok)
     else:
         kv_end = seq_len
-    kv_end = tl.where(n_tok > 0, kv_end, 0)
-    kv_end = tl.maximum(kv_end, 0)
+    kv_end = tl.maximum(tl.where(n_tok > 0, kv_end, 0), 0)
     if NUM_SPLITS > 1:
         chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
         kv_lo = split * chunk
@@ -180,7 +179,8 @@ def _attn_kernel(
 @triton.jit
 def _merge_splits_kernel(
     out_ptr, m_ptr, l_ptr, acc_ptr, s_ot, s_oh,
-    HEAD_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
+    HEAD_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -272,10 +272,7 @@ def paged_attention_triton(
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
             num_splits = _pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
-    if q.dtype == torch.float32:
-        dot_precision = "ieee"
-    else:
-        dot_precision = "tf32"  # ignored for 16-bit inputs
+    dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # no TF32 rounding of fp32
     grid = (num_main + triton.cdiv(num_tokens, block_q), kv_heads, num_splits)
     if num_splits > 1:
         parts = num_tokens * num_heads * num_splits
@@ -293,7 +290,8 @@ def paged_attention_triton(
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=group_pad,
         BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d, HEAD_SIZE=head_size,
         ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
-        DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
