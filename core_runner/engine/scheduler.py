@@ -88,26 +88,30 @@ class Scheduler:
         self.waiting.appendleft(req)
         logger.debug("preempted %s (%d tokens)", req.req_id, req.num_tokens)
 
+    # the three helpers below run once per request per step: keep them lean
     def _grow(self, req: Request, n: int) -> list[int] | None:
-        need = cdiv(req.num_computed_tokens + n, self.block_size) - len(req.block_ids)
+        need = -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_ids)
+        if need <= 0:
+            return []
         if need > self.pool.num_free:
             return None
-        new = self.pool.allocate(max(need, 0))
+        new = self.pool.allocate(need)
         req.block_ids.extend(new)
         return new
 
-    def _wants_tokens(self, req: Request) -> int:
-        if req.fully_scheduled or req.num_tokens >= self.max_model_len:
+    def _wants_tokens(self, req: Request, num_tokens: int) -> int:
+        if num_tokens >= self.max_model_len or req.fully_scheduled:
             return 0
-        return req.num_tokens - req.num_computed_tokens
+        return num_tokens - req.num_computed_tokens
 
-    def _commit(self, req: Request, n: int, out: SchedulerOutput) -> None:
-        out.num_scheduled_tokens[req.req_id] = n
-        out.num_computed_tokens[req.req_id] = req.num_computed_tokens
+    def _commit(self, req: Request, n: int, num_tokens: int, out: SchedulerOutput) -> None:
+        rid = req.req_id
+        out.num_scheduled_tokens[rid] = n
+        out.num_computed_tokens[rid] = req.num_computed_tokens
         req.num_computed_tokens += n
-        if req.num_computed_tokens == req.num_tokens:
+        if req.num_computed_tokens == num_tokens:
             req.num_pending += 1
-            out.sample_req_ids.add(req.req_id)
+            out.sample_req_ids.add(rid)
 
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -117,7 +121,8 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            n = min(self._wants_tokens(req), budget)
+            num_tokens = req.num_tokens
+            n = min(self._wants_tokens(req, num_tokens), budget)
             if n <= 0:
                 i += 1
                 continue
@@ -132,7 +137,7 @@ class Scheduler:
                 break
             if new_blocks:
                 out.new_block_ids[req.req_id] = new_blocks
-            self._commit(req, n, out)
+            self._commit(req, n, num_tokens, out)
             budget -= n
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -152,7 +157,7 @@ class Scheduler:
                 sampling_params=req.sampling_params, seed=req.seed, block_ids=list(req.block_ids),
                 pooling_params=req.pooling_params,
             ))
-            self._commit(req, n, out)
+            self._commit(req, n, req.num_tokens, out)
             budget -= n
         return out
 
@@ -189,6 +194,6 @@ class Scheduler:
                 return "stop"
             if not sp.ignore_eos and token in req.eos_token_ids:
                 return "stop"
-        if n_out >= sp.max_tokens or len(req.all_token_ids) >= self.max_model_len:
+        if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.max_model_len:
             return "length"
         return None
