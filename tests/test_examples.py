@@ -1,0 +1,28 @@
+"""The examples and the main CLI job run as documented."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(tmp_path):
+    return {**os.environ, "CORE_RUNNER_CACHE": str(tmp_path)}
+
+
+def test_offline_generate_example(tmp_path):
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "offline_generate.py")], env=_env(tmp_path),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = [l for l in out.stdout.splitlines() if "->" in l]
+    assert len(lines) == 3 and "seed 7" in lines[1]
+
+
+def test_cli_generate_with_no_arguments(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "core_runner.cli", "generate", "--json", "--max-tokens", "5"],
+                         env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert '"finish_reason"' in out.stdout and "demo checkpoint" in out.stderr
