@@ -1,47 +1,116 @@
-"""SamplingParams: per-request generation settings, validated on construction."""
+"""SamplingParams: per-request generation settings, validated on construction.
+
+Checks that need the engine (the vocabulary size, ``EngineConfig.max_logprobs``, a
+tokenizer for stop strings) happen in ``LLMEngine.validate_params`` at request time.
+"""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
 
 
 @dataclass(slots=True)
 class SamplingParams:
     """How to generate for one request (vLLM-compatible names).
 
-    temperature 0 is greedy. ``top_k`` -1 (or 0 via vLLM habit is rejected) means all
-    tokens; ``top_p`` 1.0 means no nucleus cut. ``seed`` makes sampling reproducible
-    whatever batch or row the request runs in; unseeded requests get a seed at add time.
+    temperature 0 (or below 1e-5, where 1 / T would overflow) is greedy. ``top_k`` -1 means
+    all tokens; ``top_p`` 1.0 and ``min_p`` 0.0 cut nothing; a token tied with the last one
+    a cut keeps is kept too. ``seed`` makes sampling reproducible whatever batch or row the
+    request runs in; unseeded requests get a seed at add time.
+
+    Penalties follow vLLM: ``repetition_penalty`` (HF-style, on prompt and output
+    tokens: positive logits divided, negative multiplied), ``frequency_penalty`` and
+    ``presence_penalty`` (OpenAI-style, on output tokens: minus count x frequency, minus
+    presence once). ``logit_bias`` adds to the logits of token ids. While fewer than
+    ``min_tokens`` tokens are out, EOS (unless ``ignore_eos``) and ``stop_token_ids``
+    cannot be sampled and stop strings are not checked.
+
+    ``stop`` strings end generation when they appear in the detokenised output, which
+    is cut just before them. ``logprobs`` k returns, per generated token, the log
+    probabilities of the k most likely tokens and of the sampled one (with its rank);
+    ``prompt_logprobs`` k does the same for every prompt token after the first. Both are
+    of the raw model distribution, before penalties, bias and temperature.
     """
 
     max_tokens: int = 16
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ValueError:
             return ValueError(f"SamplingParams.{name}={getattr(self, name)!r} is invalid: {valid}")
 
+        def number_in(name: str, lo: float, hi: float, valid: str, lo_open: bool = False) -> None:
+            v = getattr(self, name)
+            if not _is_number(v) or not (lo < v if lo_open else lo <= v) or not v <= hi:
+                raise bad(name, valid)
+
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise bad("max_tokens", "expected an integer >= 1")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0.0:
-            raise bad("temperature", "expected a number >= 0 (0 means greedy)")
+        number_in("temperature", 0.0, math.inf, "expected a number >= 0 (0 means greedy)")
         if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
             raise bad("top_k", "expected -1 (disabled) or an integer >= 1")
-        if not isinstance(self.top_p, (int, float)) or not 0.0 < self.top_p <= 1.0:
-            raise bad("top_p", "expected a number in (0, 1]")
+        number_in("top_p", 0.0, 1.0, "expected a number in (0, 1]", lo_open=True)
+        number_in("min_p", 0.0, 1.0, "expected a number in [0, 1] (0 disables)")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
             raise bad("seed", "expected None or an integer in [0, 2**63)")
+        number_in("repetition_penalty", 0.0, math.inf, "expected a finite number > 0 (1 disables)", lo_open=True)
+        if self.repetition_penalty == math.inf:
+            raise bad("repetition_penalty", "expected a finite number > 0 (1 disables)")
+        number_in("frequency_penalty", -2.0, 2.0, "expected a number in [-2, 2] (0 disables)")
+        number_in("presence_penalty", -2.0, 2.0, "expected a number in [-2, 2] (0 disables)")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
             raise bad("min_tokens", f"expected an integer in [0, max_tokens={self.max_tokens}]")
         ids = list(self.stop_token_ids)
         if any(not isinstance(t, int) or t < 0 for t in ids):
             raise bad("stop_token_ids", "expected a list of non-negative token ids")
         self.stop_token_ids = ids
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        stop = list(self.stop)
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise bad("stop", "expected a string or a list of non-empty strings")
+        self.stop = stop
+        self._check_logit_bias(bad)
+        for name in ("logprobs", "prompt_logprobs"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise bad(name, "expected None or an integer >= 0 (bounded by EngineConfig.max_logprobs)")
+
+    def _check_logit_bias(self, bad) -> None:
+        if self.logit_bias is None:
+            return
+        if not isinstance(self.logit_bias, dict):
+            raise bad("logit_bias", "expected None or a dict {token_id: bias}")
+        bias = {}
+        for k, v in self.logit_bias.items():
+            try:
+                tok = int(k)  # JSON object keys arrive as strings
+            except (TypeError, ValueError):
+                raise bad("logit_bias", f"token id {k!r} is not an integer") from None
+            if tok < 0:
+                raise bad("logit_bias", f"token id {tok} is negative")
+            if not _is_number(v) or not -100.0 <= v <= 100.0:
+                raise bad("logit_bias", f"bias {v!r} of token {tok} is outside [-100, 100]")
+            bias[tok] = float(v)
+        self.logit_bias = bias or None
 
     @property
     def greedy(self) -> bool:

@@ -58,6 +58,11 @@ def test_no_host_sync_in_hot_path(gpu_ckpt):
     for i, p in enumerate(prompts):
         sp = SamplingParams(max_tokens=30, temperature=0.7 if i % 2 else 0.0, top_p=0.9 if i % 3 == 0 else 1.0,
                             seed=i, ignore_eos=True)
+        if i % 4 == 1:  # every sampler stage, logprobs and prompt logprobs: no hidden sync either
+            sp = SamplingParams(max_tokens=30, temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, seed=i,
+                                repetition_penalty=1.2, frequency_penalty=0.3, presence_penalty=0.2,
+                                logit_bias={7: 1.5}, min_tokens=3, stop_token_ids=[11], logprobs=3,
+                                prompt_logprobs=2, ignore_eos=True)
         eng.add_request(p, sp, req_id=str(i))
     steps, in_flight, done = 0, [], 0
     saw_mixed = False

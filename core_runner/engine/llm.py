@@ -1,7 +1,12 @@
 """LLM: the public offline API (vLLM-style)."""
 from __future__ import annotations
 
+import json
+from dataclasses import fields
+from pathlib import Path
 from typing import Any, Sequence
+
+import torch
 
 from tqdm.auto import tqdm
 
@@ -9,6 +14,7 @@ from core_runner.config import EngineConfig
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import RequestOutput
 from core_runner.plugins import PluginManager
+from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
 Prompt = str | Sequence[int]
@@ -22,6 +28,11 @@ class LLM:
     """
 
     def __init__(self, model: str, *, plugins: PluginManager | None = None, **options: Any) -> None:
+        if "max_model_len" not in options:  # default: min(EngineConfig's default, the model's positions)
+            default = next(f.default for f in fields(EngineConfig) if f.name == "max_model_len")
+            limit = _max_positions(model)
+            if limit is not None and limit < default:
+                options["max_model_len"] = limit
         self.config = EngineConfig(model=str(model), **options)
         self.engine = LLMEngine(self.config, plugins=plugins)
 
@@ -38,6 +49,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """Outputs in prompt order. Every prompt is validated before any runs: a bad one
         raises ValueError naming its index, and nothing is left queued."""
+        self._require_task("generate", "generate")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
@@ -56,11 +68,60 @@ class LLM:
             try:
                 ids = self.engine.tokenize(p)
                 self.engine.validate_prompt(ids)
+                self.engine.validate_params(params[i])
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from e
             token_prompts.append(ids)
         ids = [self.engine.add_request(p, sp) for p, sp in zip(token_prompts, params)]
         return self._run(ids, use_tqdm)
+
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """One vector per prompt, in prompt order: ``outputs[i].embedding`` is a float32 CPU
+        tensor (L2-normalised unless ``PoolingParams(normalize=False)``). Every prompt is
+        validated (and text truncated, if asked) before any runs; a bad one raises
+        ValueError naming its index."""
+        self._require_task("embed", "embed")
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if pooling_params is None or isinstance(pooling_params, PoolingParams):
+            params = [pooling_params or PoolingParams()] * len(prompts)
+        else:
+            params = list(pooling_params)
+            if len(params) != len(prompts):
+                raise ValueError(
+                    f"got {len(params)} PoolingParams for {len(prompts)} prompts: pass one, or one per prompt"
+                )
+        resolved, token_prompts = [], []
+        for i, (p, pp) in enumerate(zip(prompts, params)):
+            try:
+                pp = self.engine.check_pooling_params(pp)
+                token_prompts.append(self.engine.pooling_prompt(p, pp))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from e
+            resolved.append(pp)
+        ids = [self.engine.add_request(p, pooling_params=pp) for p, pp in zip(token_prompts, resolved)]
+        outs = self._run(ids, use_tqdm)
+        if outs:  # one device-to-host copy for all vectors
+            host = torch.stack([o.embedding for o in outs]).float().cpu()
+            for o, e in zip(outs, host.unbind(0)):
+                o.embedding = e
+        return outs
+
+    def _require_task(self, task: str, method: str) -> None:
+        if task not in self.engine.tasks:
+            other = {"generate": "embed", "embed": "generate"}.get(task)
+            hint = f"; use LLM.{other}()" if other in self.engine.tasks else ""
+            raise ValueError(
+                f"LLM.{method}() needs a model with task {task!r}, but {self.engine.architecture} "
+                f"supports {self.engine.tasks}{hint}"
+            )
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
@@ -73,3 +134,12 @@ class LLM:
                     bar.update(1)
         bar.close()
         return [done[i] for i in ids]
+
+
+def _max_positions(model: str | Path) -> int | None:
+    """The checkpoint's max_position_embeddings (None when unknown)."""
+    try:
+        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None

@@ -11,6 +11,7 @@ import torch
 
 from core_runner.attention.backend import get_backend
 from core_runner.config import EngineConfig
+from core_runner.engine.detokenizer import IncrementalDetokenizer
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
 from core_runner.engine.scheduler import Scheduler
@@ -20,6 +21,7 @@ from core_runner.loader import (
     architecture_of, build_model, eos_token_ids, load_hf_config, load_tokenizer, resolve_dtype,
 )
 from core_runner.oracle import plan_execution
+from core_runner.pooling_params import PoolingParams
 from core_runner.plugins import PluginManager, load_plugins
 from core_runner.runner.async_output import AsyncOutput
 from core_runner.runner.model_runner import ModelRunner
@@ -112,10 +114,14 @@ class LLMEngine:
         return max(n, 0)
 
     # ---- requests -----------------------------------------------------------------
-    def tokenize(self, prompt: str | Sequence[int]) -> list[int]:
+    def tokenize(self, prompt: str | Sequence[int], truncate: int | None = None) -> list[int]:
+        """Token ids of a prompt; ``truncate`` cuts a text prompt with the tokenizer's own
+        truncation (special tokens kept)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
+            if truncate is not None:
+                return list(self.tokenizer.encode(prompt, truncation=True, max_length=truncate))
             return list(self.tokenizer.encode(prompt))
         ids = list(prompt)
         if any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
@@ -136,26 +142,107 @@ class LLMEngine:
                 f"{limit} (one position is needed for the first generated token)"
             )
 
+    def validate_params(self, params: SamplingParams) -> None:
+        """The checks SamplingParams cannot make alone: they need this engine."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if "generate" not in self.tasks:
+            raise ValueError(f"{self.architecture} supports tasks {self.tasks}, not 'generate'")
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > limit:
+                raise ValueError(f"SamplingParams.{name}={k} is invalid: expected at most max_logprobs={limit} "
+                                 "(raise EngineConfig.max_logprobs)")
+        if params.logit_bias and self.vocab_size is not None:
+            bad = [t for t in params.logit_bias if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"SamplingParams.logit_bias token id {bad[0]} is invalid: expected ids in "
+                                 f"[0, {self.vocab_size}) (the vocabulary)")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"SamplingParams.stop={params.stop!r} is invalid: stop strings need a tokenizer, "
+                             "and this checkpoint has none (use stop_token_ids)")
+
     def add_request(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, req_id: str | None = None,
         pooling_params: Any = None,
     ) -> str:
         """Queue one request; a bad one raises here and leaves the others untouched."""
-        if params is not None and not isinstance(params, SamplingParams):
-            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
-        if params is not None and "generate" not in self.tasks:
-            raise ValueError(f"{self.architecture} supports tasks {self.tasks}, not 'generate'")
-        if params is None and pooling_params is None:
-            params = SamplingParams()
-        ids = self.tokenize(prompt)
-        self.validate_prompt(ids)
+        if params is not None:
+            self.validate_params(params)
+        if params is None and pooling_params is None and "generate" not in self.tasks:
+            pooling_params = PoolingParams()
+        if pooling_params is not None:
+            if params is not None:
+                raise ValueError("a request takes SamplingParams or PoolingParams, not both")
+            pooling_params = self.check_pooling_params(pooling_params)
+            ids = self.pooling_prompt(prompt, pooling_params)
+        else:
+            params = params if params is not None else SamplingParams()
+            ids = self.tokenize(prompt)
+            self.validate_prompt(ids)
         seed = params.seed if params is not None and params.seed is not None else self._seed_rng.getrandbits(63)
         req_id = req_id if req_id is not None else str(next(self._ids))
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if params is not None and params.stop else None
         self.scheduler.add_request(Request(
             req_id=req_id, prompt_token_ids=ids, sampling_params=params, seed=seed,
-            eos_token_ids=self.eos_token_ids, pooling_params=pooling_params,
+            eos_token_ids=self.eos_token_ids, pooling_params=pooling_params, detokenizer=detok,
         ))
         return req_id
+
+    # ---- pooling (embedding) requests --------------------------------------------------
+    # One model per engine: an engine whose model embeds takes only pooling requests and a
+    # generating one only sampling requests, so a batch never mixes the two.
+    def check_pooling_params(self, pooling_params: Any) -> PoolingParams:
+        """The request's PoolingParams with the model's default pooling type filled in."""
+        if not isinstance(pooling_params, PoolingParams):
+            raise TypeError(f"pooling_params must be PoolingParams, got {type(pooling_params).__name__}")
+        if "embed" not in self.tasks:
+            raise ValueError(
+                f"{self.architecture} supports tasks {self.tasks}, not 'embed': pooling requests need an "
+                "embedding model (one model per engine; start a second engine for embeddings)"
+            )
+        resolve = getattr(self.model_state, "resolve_pooling_params", None)
+        return resolve(pooling_params) if resolve is not None else pooling_params
+
+    def pooling_prompt_limit(self) -> int:
+        """Most tokens a pooling prompt may hold: max_model_len (no generated token follows),
+        less one where chunked prefill is on (the scheduler never continues a request that
+        has reached max_model_len)."""
+        c = self.config.max_model_len
+        return c - 1 if self.plan.chunked_prefill else c
+
+    def pooling_prompt(self, prompt: str | Sequence[int], pp: PoolingParams) -> list[int]:
+        """Token ids of a pooling prompt, truncated (text) and validated."""
+        limit = self.pooling_prompt_limit()
+        k = pp.truncate_prompt_tokens
+        k = limit if k == -1 else k
+        ids = self.tokenize(prompt, truncate=k if isinstance(prompt, str) else None)
+        if k is not None and len(ids) > k:
+            raise ValueError(
+                f"prompt has {len(ids)} token ids but truncate_prompt_tokens={k}: token-id prompts are not cut "
+                "(only text prompts are truncated, by the tokenizer)"
+            )
+        self._validate_pooling_prompt(ids)
+        return ids
+
+    def _validate_pooling_prompt(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if self.vocab_size is not None:
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        limit = self.pooling_prompt_limit()
+        if len(ids) > limit:
+            max_pos = getattr(self.hf_config, "max_position_embeddings", None)
+            why = f"max_model_len={self.config.max_model_len}"
+            if max_pos is not None:
+                why += f"; {self.architecture} has max_position_embeddings={max_pos}"
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but this engine embeds at most {limit} ({why}); "
+                "shorten it or pass PoolingParams(truncate_prompt_tokens=...) for a text prompt"
+            )
 
     def abort_request(self, req_id: str) -> None:
         self.scheduler.abort(req_id)
@@ -183,11 +270,18 @@ class LLMEngine:
 
     def _output(self, req: Request) -> RequestOutput:
         text = ""
-        if self.tokenizer is not None and req.output_token_ids:
+        if req.detokenizer is not None:
+            text = req.detokenizer.text  # cut before a stop string
+        elif self.tokenizer is not None and req.output_token_ids:
             text = self.tokenizer.decode(req.output_token_ids, skip_special_tokens=True)
+        cumulative = None
+        if req.logprobs is not None:
+            cumulative = sum(lp[t] for lp, t in zip(req.logprobs, req.output_token_ids))
         return RequestOutput(
             req_id=req.req_id, prompt_token_ids=req.prompt_token_ids, token_ids=list(req.output_token_ids),
             text=text, finish_reason=req.finish_reason or "", seed=req.seed,
             num_preemptions=req.num_preemptions, embedding=req.pooled,
-            first_token_time=req.first_token_time, finish_time=req.finish_time,
+            first_token_time=req.first_token_time, finish_time=req.finish_time, stop_reason=req.stop_reason,
+            logprobs=req.logprobs, logprob_ranks=req.logprob_ranks, cumulative_logprob=cumulative,
+            prompt_logprobs=req.prompt_logprobs,
         )

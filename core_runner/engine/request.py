@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 from core_runner.sampling_params import SamplingParams
 
@@ -35,6 +36,30 @@ class Request:
     pooled: object | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
+    stop_reason: int | str | None = None
+    # incremental detokenizer, for stop strings (None when the request has none)
+    detokenizer: Any = None
+    # per generated token: {token id: logprob} and the sampled token's rank
+    logprobs: list[dict[int, float]] | None = None
+    logprob_ranks: list[int] | None = None
+    # per prompt position (None first), filled chunk by chunk
+    prompt_logprobs: list[dict[int, float] | None] | None = None
+
+    def __post_init__(self) -> None:
+        sp = self.sampling_params
+        if sp is not None and sp.logprobs is not None:
+            self.logprobs, self.logprob_ranks = [], []
+        if sp is not None and sp.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
+
+    def add_prompt_logprobs(self, first: int, entries: list[dict[int, float]]) -> None:
+        """Append the entries for positions first.. that are new (a chunk recomputed
+        after a preemption may overlap what is already here)."""
+        have = len(self.prompt_logprobs)
+        if first > have:
+            raise RuntimeError(f"request {self.req_id!r}: prompt logprobs from position {first} arrived "
+                               f"but only {have} positions are known")
+        self.prompt_logprobs.extend(entries[have - first:])
 
     @property
     def num_prompt_tokens(self) -> int:

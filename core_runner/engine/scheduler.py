@@ -155,7 +155,8 @@ class Scheduler:
             out.new_reqs.append(NewRequest(
                 req_id=req.req_id, token_ids=req.all_token_ids, num_prompt_tokens=req.num_prompt_tokens,
                 sampling_params=req.sampling_params, seed=req.seed, block_ids=list(req.block_ids),
-                pooling_params=req.pooling_params,
+                pooling_params=req.pooling_params, eos_token_ids=req.eos_token_ids,
+                prompt_logprobs_start=len(req.prompt_logprobs) if req.prompt_logprobs is not None else 1,
             ))
             self._commit(req, n, req.num_tokens, out)
             budget -= n
@@ -166,6 +167,10 @@ class Scheduler:
         finished = []
         sampled = dict(zip(result.req_ids, result.sampled_token_ids))
         pooled = dict(zip(result.req_ids, result.pooled)) if result.pooled else {}
+        for req_id, (first, entries) in result.prompt_logprobs.items():
+            req = self.requests.get(req_id)
+            if req is not None:
+                req.add_prompt_logprobs(first, entries)
         for req_id in out.sample_req_ids:
             req = self.requests.get(req_id)
             if req is None:
@@ -178,6 +183,10 @@ class Scheduler:
                 continue
             token = sampled[req_id]
             req.output_token_ids.append(token)
+            if req.logprobs is not None:
+                entry, rank = result.logprobs[req_id]
+                req.logprobs.append(entry)
+                req.logprob_ranks.append(rank)
             if req.first_token_time is None:
                 req.first_token_time = time.perf_counter()
             reason = self._stop_reason(req, token)
@@ -187,12 +196,22 @@ class Scheduler:
         return finished
 
     def _stop_reason(self, req: Request, token: int) -> str | None:
+        """Stop rules, none of them before min_tokens: a stop token id (stop_reason =
+        the id), EOS unless ignore_eos, a stop string in the detokenised text
+        (stop_reason = the string), then the length limits."""
         sp = req.sampling_params
         n_out = len(req.output_token_ids)
-        if n_out >= sp.min_tokens:
+        past_min = n_out >= sp.min_tokens
+        if past_min:
             if token in sp.stop_token_ids:
+                req.stop_reason = token
                 return "stop"
             if not sp.ignore_eos and token in req.eos_token_ids:
+                return "stop"
+        if req.detokenizer is not None:
+            hit = req.detokenizer.append(token, check_stop=past_min)
+            if hit is not None:
+                req.stop_reason = hit
                 return "stop"
         if n_out >= sp.max_tokens or len(req.prompt_token_ids) + n_out >= self.max_model_len:
             return "length"

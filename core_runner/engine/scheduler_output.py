@@ -12,6 +12,9 @@ class NewRequest:
 
     ``token_ids`` holds every known token (prompt, then anything generated before a
     preemption); ``num_prompt_tokens`` is the length of the original prompt.
+    ``eos_token_ids`` are masked (with ``stop_token_ids``) while fewer than min_tokens
+    tokens are out. ``prompt_logprobs_start`` is the first prompt position whose
+    logprob the engine does not have yet (a resumed request skips the others).
     """
 
     req_id: str
@@ -21,6 +24,8 @@ class NewRequest:
     seed: int
     block_ids: list[int]
     pooling_params: object | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    prompt_logprobs_start: int = 1
 
 
 @dataclass(slots=True)

@@ -23,7 +23,9 @@ from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManag
 from core_runner.runner.input_batch import InputBatch, InputBuffers
 from core_runner.runner.output import ModelRunnerOutput
 from core_runner.runner.request_state import RequestState
-from core_runner.sample.sampler import Sampler
+from core_runner.sample.logprobs import StepLogprobs
+from core_runner.sample.prompt_logprobs import PromptLogprobs
+from core_runner.sample.sampler import Sampler, SamplerOutput
 from core_runner.sample.sampling_state import SamplingState
 
 logger = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class ModelRunner:
         )
         self.sampling = SamplingState(self.req_state.num_rows, self.device)
         self.sampler = Sampler(use_triton=triton_kernels)
+        self.prompt_logprobs = PromptLogprobs(self.sampling, use_triton=triton_kernels)
         self.generates = "generate" in model_state.supported_tasks
         self.kv_caches: dict[str, Any] = {}
         self.graphs = None
@@ -80,6 +83,7 @@ class ModelRunner:
         for req_id in out.finished_req_ids | out.preempted_req_ids:
             row = self.req_state.remove(req_id)
             if row is not None:
+                self.sampling.remove(row)
                 self.model_state.remove_request(row)
         # 2. additions
         for new in out.new_reqs:
@@ -166,16 +170,21 @@ class ModelRunner:
         n = batch.num_reqs
         if not self.generates:
             pooled = [] if batch.is_dummy else self.model_state.pool(hidden, batch)
+            if not batch.is_dummy:  # advance num_computed as post-update does: a next chunk reads it
+                num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
+                self.req_state.tables()["num_computed"].index_add_(0, batch.idx_mapping[:n].long(), num_sched)
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, [], pooled))
-        # 8. logits of the real rows and sampling
+        # 8. logits of the real rows, sampling, logprobs
         logits = self.model.compute_logits(hidden[batch.logits_indices[:n]])
-        sampled = self._sample(batch, logits)
+        if self.recorded_logits is not None and not batch.is_dummy:
+            self.recorded_logits.append((batch.req_ids, logits.float().cpu()))
+        out = self._sample(batch, logits)
+        sampled = out.sampled
         if batch.is_dummy:
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, []))
-        if self.recorded_logits is not None:
-            self.recorded_logits.append((batch.req_ids, logits.float().cpu()))
-        # 9. post-update on the device, 10. family post-processing, async copy-out
         tables = self.req_state.tables()
+        prompt = self.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, tables["token_ids"])
+        # 9. post-update on the device, 10. family post-processing, async copy-out
         idx = batch.idx_mapping[:n]
         num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
         post_args = (idx, num_sched, sampled, tables["num_computed"], tables["num_tokens"], tables["token_ids"])
@@ -186,19 +195,13 @@ class ModelRunner:
         else:
             post_update_ref(*post_args)
         self.model_state.postprocess_state(batch, sampled)
-        return AsyncOutput(batch.req_ids, sampled, None, self.copy_stream)
+        extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
+        return AsyncOutput(batch.req_ids, sampled, None, self.copy_stream, extra)
 
-    def _sample(self, batch: InputBatch, logits: torch.Tensor) -> torch.Tensor:
-        s, n = self.sampling, batch.num_reqs
-        rows = batch.idx_mapping_cpu[:n].tolist()
-        any_random = any(s.temperature_cpu[r] > 0 for r in rows)
-        any_cut = any_random and any(s.top_k_cpu[r] > 0 or s.top_p_cpu[r] < 1.0 for r in rows)
-        idx = batch.idx_mapping[:n].long()
-        st = s.tables()
-        return self.sampler(
-            logits, st["temperature"][idx], st["top_k"][idx], st["top_p"][idx], st["seed"][idx],
-            batch.seq_lens[:n], any_random=any_random, any_top_k_top_p=any_cut,
-        ).sampled
+    def _sample(self, batch: InputBatch, logits: torch.Tensor) -> SamplerOutput:
+        tables = self.req_state.tables()
+        meta = self.sampling.metadata(batch, logits.shape[-1], tables["token_ids"], tables["num_prompt_tokens"])
+        return self.sampler(logits, meta)
 
     # ---- CUDA graphs: capture is its own path -----------------------------------------
     @torch.inference_mode()

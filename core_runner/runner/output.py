@@ -10,11 +10,17 @@ import torch
 class ModelRunnerOutput:
     """``sampled_token_ids[i]`` belongs to ``req_ids[i]``; it is meaningful only for
     requests that consumed all their known tokens this step (the scheduler knows which).
+
+    ``logprobs[req_id]`` = ({token id: logprob}, rank of the sampled token) for requests
+    that asked for logprobs; ``prompt_logprobs[req_id]`` = (first prompt position,
+    [{token id: logprob}, ...]) for the prompt positions this step computed.
     """
 
     req_ids: list[str]
     sampled_token_ids: list[int]
     pooled: list[torch.Tensor | None] = field(default_factory=list)
+    logprobs: dict[str, tuple[dict[int, float], int]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
 
 
 EMPTY_OUTPUT = ModelRunnerOutput([], [])

@@ -1,71 +1,113 @@
-"""Gumbel-Max sampling.
+"""The sampling pipeline, one stage after the other:
+
+  1. logit bias and min_tokens masking   (sparse edit, ``logit_bias.py``)
+  2. repetition / frequency / presence   (sparse edit, ``penalties.py``)
+  3. temperature                          (x = logit * 1/T, fused into 4 and 5)
+  4. min-p, top-k, top-p                  (one threshold per row, ``kernels/top_k_top_p*``)
+  5. Gumbel-Max                           (argmax(x + Gumbel noise) over x >= threshold)
+  then raw logprobs of the sampled tokens (``logprobs.py``).
 
 argmax(logits / T + Gumbel noise) is an exact draw from softmax(logits / T); the
-softmax is never formed. Noise is keyed by (request seed, token position), so a
-seeded request samples the same tokens whatever batch or row it runs in. Rows at
-temperature 0 take the plain argmax. Stages no row of the batch uses are skipped,
-decided from host mirrors of the per-row settings (no device read).
+softmax is never formed. Noise is keyed by (request seed, token position), so a seeded
+request samples the same tokens whatever batch or row it runs in. Rows at temperature 0
+take the plain argmax (after bias and penalties). Each stage is skipped when no row of
+the batch uses it, decided from host mirrors (``SamplingMetadata``), never by reading
+the device. The input logits are never written: stages 1-2 edit a copy, made only when
+one of them runs, so raw logprobs and recorded logits stay the model's.
+
+The torch path (CPU) and the Triton path (GPU) draw the same random numbers and find
+the same thresholds, so they sample the same tokens from the same logits.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
 from core_runner.sample import rng
+from core_runner.sample.logit_bias import apply_logit_edits
+from core_runner.sample.logprobs import LogprobTensors, compute_logprobs
+from core_runner.sample.metadata import SamplingMetadata
+from core_runner.sample.penalties import apply_penalties
 
 
 @dataclass(slots=True)
 class SamplerOutput:
     sampled: torch.Tensor  # [num_reqs] int64
+    logprobs: LogprobTensors | None = None
+    logprob_rows: list[tuple[int, int]] = field(default_factory=list)  # (batch position, k)
 
 
-def apply_top_k_top_p_ref(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Mask (to -inf) tokens outside each row's top-k and top-p nucleus (sort-based)."""
-    vocab = logits.shape[-1]
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab)).long()
-    ranks = torch.arange(vocab, device=logits.device)[None, :]
-    drop = ranks >= k[:, None]
-    probs = sorted_logits.masked_fill(drop, float("-inf")).softmax(dim=-1)
-    # keep the smallest prefix whose mass reaches top_p (the first token always stays)
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop |= (mass_before >= top_p[:, None].to(probs.dtype)) & (top_p[:, None] < 1.0)
-    masked_sorted = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, masked_sorted)
+def inverse_temperature(temperature: torch.Tensor) -> torch.Tensor:
+    """1 / T, and 0 for greedy rows (T == 0): the form every stage takes."""
+    t = temperature.float()
+    return torch.where(t > 0, 1.0 / t, torch.zeros_like(t))
 
 
 def gumbel_sample_ref(
-    logits: torch.Tensor, temperature: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
+    logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+    threshold: torch.Tensor | None = None,
 ) -> torch.Tensor:
+    """Torch twin of ``kernels.gumbel_sample.gumbel_sample_triton`` (same noise, same cut)."""
     logits = logits.float()
-    t = torch.where(temperature > 0, temperature, torch.ones_like(temperature))
-    noisy = logits / t[:, None] + rng.gumbel(seeds, positions, logits.shape[-1])
-    return torch.where(temperature > 0, noisy.argmax(dim=-1), logits.argmax(dim=-1))
+    x = logits * inv_temp[:, None].float()
+    if threshold is not None:
+        x = x.masked_fill(x < threshold[:, None], float("-inf"))
+    noisy = x + rng.gumbel(seeds, positions, logits.shape[-1])
+    return torch.where(inv_temp > 0, noisy.argmax(dim=-1), logits.argmax(dim=-1))
 
 
 class Sampler:
     def __init__(self, use_triton: bool = False) -> None:
         self.use_triton = use_triton
 
-    def __call__(
-        self,
-        logits: torch.Tensor,
-        temperature: torch.Tensor,
-        top_k: torch.Tensor,
-        top_p: torch.Tensor,
-        seeds: torch.Tensor,
-        positions: torch.Tensor,
-        *,
-        any_random: bool,
-        any_top_k_top_p: bool,
-    ) -> SamplerOutput:
-        if not any_random:
-            return SamplerOutput(logits.argmax(dim=-1))
-        if any_top_k_top_p:
-            logits = apply_top_k_top_p_ref(logits.float(), top_k, top_p)
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        raw = logits.float()
+        work = raw
+        if meta.edits is not None or meta.penalties is not None:
+            if raw is logits or meta.logprob_rows:  # raw stays the model's; .float() of bf16 is a copy already
+                work = raw.clone()
+            if meta.edits is not None:
+                apply_logit_edits(work, *meta.edits)
+            if meta.penalties is not None:
+                apply_penalties(work, meta.penalties)
+        if not meta.any_random:
+            sampled = work.argmax(dim=-1)
+        else:
+            threshold = None
+            if meta.top_k is not None:
+                threshold = self._threshold(work, meta)
+            sampled = self._gumbel(work, meta, threshold)
+        out = SamplerOutput(sampled, logprob_rows=meta.logprob_rows)
+        if meta.logprob_rows:
+            out.logprobs = self._logprobs(raw, sampled, meta)
+        return out
+
+    def _logprobs(self, raw: torch.Tensor, sampled: torch.Tensor, meta: SamplingMetadata) -> LogprobTensors:
+        """Raw logprobs of the rows that asked, in ``logprob_rows`` order. A minority of the
+        batch is gathered first (an r x V copy); otherwise every row is computed (no copy)
+        and the small results are gathered."""
+        idx, k = meta.logprob_idx, meta.num_logprobs
+        if len(meta.logprob_rows) == raw.shape[0]:
+            return compute_logprobs(raw, sampled, k, self.use_triton)
+        if 2 * len(meta.logprob_rows) <= raw.shape[0]:
+            return compute_logprobs(raw.index_select(0, idx), sampled.index_select(0, idx), k, self.use_triton)
+        lp = compute_logprobs(raw, sampled, k, self.use_triton)
+        return LogprobTensors(*(getattr(lp, f).index_select(0, idx) for f in LogprobTensors.__slots__))
+
+    def _threshold(self, work: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        args = (work, meta.inv_temp, meta.top_k, meta.top_p, meta.log_min_p)
+        if self.use_triton:
+            from core_runner.kernels.top_k_top_p_triton import top_k_top_p_threshold_triton
+
+            return top_k_top_p_threshold_triton(*args)
+        return top_k_top_p_threshold_ref(*args)
+
+    def _gumbel(self, work: torch.Tensor, meta: SamplingMetadata, threshold: torch.Tensor | None) -> torch.Tensor:
+        args = (work, meta.inv_temp, meta.seeds, meta.positions, threshold)
         if self.use_triton:
             from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 
-            return SamplerOutput(gumbel_sample_triton(logits, temperature, seeds, positions))
-        return SamplerOutput(gumbel_sample_ref(logits, temperature, seeds, positions))
+            return gumbel_sample_triton(*args)
+        return gumbel_sample_ref(*args)

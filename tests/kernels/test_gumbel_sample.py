@@ -5,12 +5,11 @@ import torch
 
 from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 from core_runner.sample import rng
-from core_runner.sample.sampler import Sampler
+from core_runner.sample.sampler import gumbel_sample_ref, inverse_temperature
 
 
 def _ref(logits, temp, seeds, pos):
-    return Sampler()(logits, temp, torch.full_like(temp, -1, dtype=torch.int32), torch.ones_like(temp),
-                     seeds, pos, any_random=True, any_top_k_top_p=False).sampled
+    return gumbel_sample_ref(logits, inverse_temperature(temp), seeds, pos)
 
 
 def test_rng_hash_matches_uint32_arithmetic():
@@ -30,7 +29,8 @@ def test_kernel_matches_reference(device):
     seeds = torch.tensor([1, 2, 3, 2**40 + 7, 5, 2**62], dtype=torch.int64)
     pos = torch.tensor([0, 9, 100, 4, 77, 123456], dtype=torch.int64)
     want = _ref(logits, temp, seeds, pos)
-    got = gumbel_sample_triton(logits.to(device), temp.to(device), seeds.to(device), pos.to(device), block=64)
+    got = gumbel_sample_triton(logits.to(device), inverse_temperature(temp).to(device), seeds.to(device),
+                               pos.to(device), block=64)
     assert torch.equal(got.cpu(), want)
     assert int(got[2]) < 10
     assert int(got[0]) == int(logits[0].argmax()) and int(got[4]) == int(logits[4].argmax())
@@ -42,7 +42,8 @@ def test_kernel_is_a_fair_sampler(device):
     temp = torch.ones(400)
     seeds = torch.full((400,), 11, dtype=torch.int64)
     pos = torch.arange(400, dtype=torch.int64)
-    got = gumbel_sample_triton(logits.to(device), temp.to(device), seeds.to(device), pos.to(device), block=16)
+    got = gumbel_sample_triton(logits.to(device), inverse_temperature(temp).to(device), seeds.to(device),
+                               pos.to(device), block=16)
     counts = torch.bincount(got.cpu(), minlength=3).float()
     expect = torch.softmax(logits[0], 0) * 400
     chi2 = float(((counts - expect) ** 2 / expect).sum())

@@ -1,0 +1,126 @@
+"""``core-runner bench --sampler``: the sampler alone on a large batch of logits.
+
+At batch 1024 x vocab 151,936 fp32 (the target shape) it times temperature + top-p
+sampling through the real pipeline (``Sampler`` with Triton kernels on a GPU), and sets
+it against two yardsticks: one read of the logits at the device's copy bandwidth (a
+copy reads and writes each byte once, so a read takes half a copy), and
+``torch.softmax`` + ``torch.multinomial`` on the same logits. It also reports the peak
+memory each allocates beyond the logits (CUDA only). On the CPU the same code runs with
+small shapes as a smoke test (the torch reference path; the numbers mean little there).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from core_runner.sample.metadata import SamplingMetadata
+from core_runner.sample.sampler import Sampler
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> float:
+    """Median seconds per call."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
+    """Bytes allocated at peak during one call beyond what was live before it (CUDA)."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    out = fn()
+    _sync(device)
+    del out
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def run_sampler_bench(
+    device: str = "cuda", batch: int = 1024, vocab: int = 151936, temperature: float = 0.7, top_p: float = 0.9,
+    iters: int = 20, warmup: int = 3, seed: int = 0,
+) -> dict:
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    logits = torch.randn(batch, vocab, generator=g, device=dev) * 4.0
+    sampler = Sampler(use_triton=dev.type == "cuda")
+
+    def meta(p: float) -> SamplingMetadata:
+        m = SamplingMetadata(
+            inv_temp=torch.full((batch,), 1.0 / temperature, device=dev),
+            seeds=torch.arange(batch, dtype=torch.int64, device=dev),
+            positions=torch.full((batch,), 100, dtype=torch.int64, device=dev), any_random=True,
+        )
+        if p < 1.0:
+            m.top_k = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+            m.top_p = torch.full((batch,), p, device=dev)
+            m.log_min_p = torch.full((batch,), float("-inf"), device=dev)
+        return m
+
+    top_p_meta, temp_meta = meta(top_p), meta(1.0)
+    dst = torch.empty_like(logits)
+    fns = {
+        "top_p": lambda: sampler(logits, top_p_meta).sampled,
+        "temperature_only": lambda: sampler(logits, temp_meta).sampled,
+        "torch_softmax_multinomial": lambda: torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1),
+        "copy": lambda: dst.copy_(logits),
+    }
+    secs = {k: _time(f, dev, iters, warmup) for k, f in fns.items()}
+    read_s = secs["copy"] / 2
+    nbytes = logits.numel() * logits.element_size()
+    res = {
+        "device": str(dev), "batch": batch, "vocab": vocab, "temperature": temperature, "top_p": top_p,
+        "logits_mib": nbytes / 2**20,
+        "copy_bw_gb_s": 2 * nbytes / secs["copy"] / 1e9,
+        "logits_read_ms": 1e3 * read_s,
+        "sampler_top_p_ms": 1e3 * secs["top_p"],
+        "sampler_temperature_only_ms": 1e3 * secs["temperature_only"],
+        "torch_softmax_multinomial_ms": 1e3 * secs["torch_softmax_multinomial"],
+        "ratio_to_read": secs["top_p"] / read_s,
+        "speedup_vs_torch": secs["torch_softmax_multinomial"] / secs["top_p"],
+    }
+    for key in ("top_p", "torch_softmax_multinomial"):
+        extra = _peak_extra_bytes(fns[key], dev)
+        res[f"{key}_peak_extra_mib"] = None if extra is None else extra / 2**20
+    return res
+
+
+def format_sampler_result(r: dict) -> str:
+    lines = [
+        f"sampler [{r['batch']} x {r['vocab']}] fp32 on {r['device']}: temperature {r['temperature']} + "
+        f"top-p {r['top_p']} {r['sampler_top_p_ms']:.3f} ms (temperature only {r['sampler_temperature_only_ms']:.3f} ms)",
+        f"  one read of the logits at copy bandwidth ({r['copy_bw_gb_s']:.0f} GB/s): {r['logits_read_ms']:.3f} ms "
+        f"-> ratio {r['ratio_to_read']:.2f}",
+        f"  torch softmax + multinomial: {r['torch_softmax_multinomial_ms']:.3f} ms -> "
+        f"{r['speedup_vs_torch']:.2f}x faster",
+    ]
+    if r.get("top_p_peak_extra_mib") is not None:
+        lines.append(f"  peak extra memory: sampler {r['top_p_peak_extra_mib']:.1f} MiB, torch "
+                     f"{r['torch_softmax_multinomial_peak_extra_mib']:.1f} MiB (logits {r['logits_mib']:.0f} MiB)")
+    return "\n".join(lines)
+
+
+def sampler_bench(args) -> dict:
+    """CLI entry: the target shape on CUDA, a small smoke shape elsewhere."""
+    if str(args.device).startswith("cuda"):
+        res = run_sampler_bench(args.device)
+    else:
+        res = run_sampler_bench(args.device, batch=8, vocab=2048, iters=2, warmup=1)
+    print(format_sampler_result(res), flush=True)
+    return {"sampler": res}

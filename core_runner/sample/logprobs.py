@@ -1,0 +1,102 @@
+"""Logprobs of sampled tokens and of prompt tokens, and their trip to the host.
+
+Raw logprobs (vLLM's default): of the model's distribution, before bias, penalties,
+temperature and cuts, so they describe the model rather than the sampling settings.
+The top-k ids come from the logits (``torch.topk``: [n, k] out, no sort of the row),
+then ``logsumexp`` and the given token's rank are found in one pass per row; a
+logprob is logit - logsumexp, so only k + 1 values per row are ever formed.
+
+``StepLogprobs`` holds one step's device tensors; ``AsyncOutput`` copies them to the
+host with the sampled ids and calls ``fill`` to turn them into per-request dicts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from core_runner.kernels.logprobs import logsumexp_rank_ref
+
+
+@dataclass(slots=True)
+class LogprobTensors:
+    token_ids: torch.Tensor  # [n] the sampled (or prompt) token
+    token_logprobs: torch.Tensor  # [n]
+    ranks: torch.Tensor  # [n] 1 + tokens with a larger logit
+    top_ids: torch.Tensor  # [n, k]
+    top_logprobs: torch.Tensor  # [n, k]
+
+    @staticmethod
+    def cat(parts: list["LogprobTensors"]) -> "LogprobTensors":
+        if len(parts) == 1:
+            return parts[0]
+        return LogprobTensors(*(torch.cat([getattr(p, f) for p in parts]) for f in LogprobTensors.__slots__))
+
+
+def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, use_triton: bool = False) -> LogprobTensors:
+    """Raw logprobs of ``token_ids`` and of each row's ``k`` most likely tokens."""
+    logits = logits.float()
+    if use_triton:
+        from core_runner.kernels.logprobs_triton import logsumexp_rank_triton
+
+        lse, tok, rank = logsumexp_rank_triton(logits, token_ids)
+    else:
+        lse, tok, rank = logsumexp_rank_ref(logits, token_ids)
+    k = min(max(k, 0), logits.shape[1])
+    top_vals, top_ids = logits.topk(k, dim=-1) if k else (logits[:, :0], logits[:, :0].long())
+    return LogprobTensors(token_ids.long(), tok - lse, rank, top_ids, top_vals - lse[:, None])
+
+
+def _entries(lists: tuple[list, ...], rows: range | list[int], ks: list[int]) -> list[dict[int, float]]:
+    tok, lp, top_ids, top_lp = lists
+    out = []
+    for r, k in zip(rows, ks):
+        d = {tok[r]: lp[r]}  # the chosen token first, then the top k (vLLM's order)
+        for t, v in zip(top_ids[r][:k], top_lp[r][:k]):
+            d.setdefault(t, v)
+        out.append(d)
+    return out
+
+
+def _host_lists(host: dict[str, torch.Tensor], prefix: str) -> tuple[list, ...]:
+    return tuple(host[prefix + f].tolist() for f in ("token_ids", "token_logprobs", "top_ids", "top_logprobs"))
+
+
+class StepLogprobs:
+    """One step's logprob tensors (sampled tokens and prompt chunks) and their layout."""
+
+    def __init__(
+        self, req_ids: list[str], sampled: LogprobTensors | None, sampled_rows: list[tuple[int, int]],
+        prompt: LogprobTensors | None, prompt_spans: list[tuple[str, int, int, int, int]],
+    ) -> None:
+        self.req_ids = req_ids
+        self.sampled_rows = sampled_rows  # (batch position, k), one per row of ``sampled``
+        self.prompt_spans = prompt_spans  # (req_id, first position, count, k, offset)
+        self.tensors: dict[str, torch.Tensor] = {}
+        for prefix, t in (("lp.", sampled), ("plp.", prompt)):
+            if t is not None:
+                self.tensors.update({prefix + f: getattr(t, f) for f in LogprobTensors.__slots__})
+
+    @classmethod
+    def collect(
+        cls, req_ids: list[str], sampled: LogprobTensors | None, sampled_rows: list[tuple[int, int]],
+        prompt: tuple[LogprobTensors, list[tuple[str, int, int, int, int]]] | None,
+    ) -> "StepLogprobs | None":
+        """None when the step computed no logprobs at all."""
+        if sampled is None and prompt is None:
+            return None
+        tensors, spans = prompt if prompt is not None else (None, [])
+        return cls(req_ids, sampled, sampled_rows, tensors, spans)
+
+    def fill(self, out, host: dict[str, torch.Tensor]) -> None:
+        """Write per-request results into ``out`` (a ModelRunnerOutput)."""
+        if self.sampled_rows:
+            r = len(self.sampled_rows)
+            entries = _entries(_host_lists(host, "lp."), range(r), [k for _, k in self.sampled_rows])
+            ranks = host["lp.ranks"].tolist()
+            for j, ((i, _), e) in enumerate(zip(self.sampled_rows, entries)):
+                out.logprobs[self.req_ids[i]] = (e, ranks[j])
+        if self.prompt_spans:
+            lists = _host_lists(host, "plp.")
+            for req_id, first, count, k, off in self.prompt_spans:
+                out.prompt_logprobs[req_id] = (first, _entries(lists, range(off, off + count), [k] * count))
