@@ -1,0 +1,1 @@
+"""Pooling / embedding family for core-runner (registered through the ``core_runner`` entry point)."""

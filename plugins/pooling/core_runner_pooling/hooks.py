@@ -1,0 +1,56 @@
+"""Entry point module: registers the embedding architectures. Imports no torch."""
+from core_runner import hookimpl
+
+STATE = "model_states.pooling:PoolingModelState"
+
+BERT_CAPABILITIES = {
+    # bidirectional attention: every token sees the whole prompt, so a prompt cannot be
+    # split across steps
+    "chunked_prefill": "unsupported",
+    "cuda_graphs": "unsupported",  # prefill-only steps: eager (not yet measured on a GPU)
+    "async_scheduling": "supported",
+    "prefix_caching": "unsupported",
+    "triton_attention": "supported",
+}
+
+QWEN3_EMBED_CAPABILITIES = {
+    "chunked_prefill": "supported",  # causal: last-token pooling reads only the final chunk
+    "cuda_graphs": "unsupported",
+    "async_scheduling": "supported",
+    "prefix_caching": "unsupported",
+    "triton_attention": "supported",
+}
+
+TINY_BERT = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, max_position_embeddings=128, type_vocab_size=2, layer_norm_eps=1e-12,
+    hidden_act="gelu",
+)
+
+TINY_QWEN3 = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+    rms_norm_eps=1e-6, rope_theta=10000.0,
+)
+
+
+@hookimpl
+def register_models(registry):
+    registry.add(
+        architecture="BertModel",
+        model="core_runner_pooling.bert:BertModel",
+        model_state=STATE,
+        capabilities=BERT_CAPABILITIES,
+        reference="transformers:BertModel",
+        tasks=("embed",),
+        examples=[{"name": "tiny-bert", "config": TINY_BERT}],
+    )
+    registry.add(
+        architecture="Qwen3Model",
+        model="core_runner_pooling.qwen3_embed:Qwen3EmbeddingModel",
+        model_state=STATE,
+        capabilities=QWEN3_EMBED_CAPABILITIES,
+        reference="transformers:Qwen3Model",
+        tasks=("embed",),
+        examples=[{"name": "tiny-qwen3-embed", "config": TINY_QWEN3}],
+    )
