@@ -22,6 +22,9 @@ class EngineConfig:
     off for the CPU (where it is allowed, but has nothing to overlap).
     ``attention_backend=None`` picks Triton kernels on CUDA and the torch references on
     the CPU; ``"triton"`` on the CPU needs ``TRITON_INTERPRET=1`` (kernel tests).
+    ``enable_prefix_caching=True`` asks for a prefix cache: the oracle turns it off (with a
+    named reason) for a family that declares prefix_caching unsupported, and rejects it
+    otherwise, since the engine does not implement one yet.
     """
 
     model: str
@@ -40,6 +43,7 @@ class EngineConfig:
     max_logprobs: int = 20
     async_scheduling: bool | None = None
     attention_backend: str | None = None
+    enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -67,6 +71,8 @@ class EngineConfig:
             raise bad("kv_cache_memory_fraction", self.kv_cache_memory_fraction, "expected a value in (0, 0.95]")
         if self.attention_backend not in (None, "torch", "triton"):
             raise bad("attention_backend", self.attention_backend, "expected None (auto), 'torch' or 'triton'")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise bad("enable_prefix_caching", self.enable_prefix_caching, "expected True or False")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
 

@@ -41,6 +41,13 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
         logger.warning(line)
         downgrades.append(line)
 
+    if config.enable_prefix_caching:
+        prefix = reg.capability("prefix_caching")
+        if prefix.supported:
+            raise UnsupportedError("prefix caching is not implemented by the engine yet")
+        downgrade("prefix caching", f"{reg.architecture} declares prefix_caching {prefix.state}"
+                  f"{': ' + prefix.reason if prefix.reason else ''}")
+
     chunk = reg.capability("chunked_prefill")
     if config.chunked_prefill_needed and not chunk.supported:
         raise UnsupportedError(

@@ -1,0 +1,149 @@
+"""The Mamba2 mixer: in_proj, causal depthwise conv with per-row state, selective scan
+(dt bias + softplus, A = -exp(A_log), D skip), gated grouped RMSNorm, out_proj.
+
+The layer processes a ragged batch: several requests' chunks concatenated per
+``query_start_loc``. Its recurrent state lives in two per-request-row tensors declared
+through ``kv_cache_spec`` (a ``RowStateSpec``) and bound by the runner as
+``self.kv_cache = (conv_state [rows, K - 1, conv_dim], ssm_state [rows, H, P, N])``.
+What it needs per step comes from the forward context, ``attn_metadata.extra["mamba"]``
+(filled by a ModelState such as ``model_states.mamba_hybrid``):
+
+- ``state_rows`` / ``state_rows_cpu``: the state row of each request (padded entries
+  point at the scratch row),
+- ``has_initial_state`` / ``has_initial_state_cpu``: whether a request continues from
+  saved state (tokens already computed), else it starts from zeros,
+- ``query_start_loc`` / ``query_start_loc_cpu``,
+- ``write_state``: False for dummy runs, which must leave every row untouched.
+
+With the Triton backend the conv and scan run as Triton kernels (graph safe); otherwise
+the torch references in ``core_runner.kernels.mamba_ref`` run one request at a time.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core_runner.forward_context import get_forward_context
+from core_runner.kv_cache_spec import RowStateSpec
+from core_runner.layers.linear import Linear, default_weight_loader
+
+
+class GatedRMSNorm(nn.Module):
+    """y * silu(z), then RMS-normalised within groups of ``group_size`` channels, times weight
+    (the gate is applied before the normalisation, as in GraniteMoeHybrid / Mamba2 HF)."""
+
+    def __init__(self, hidden_size: int, group_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        if hidden_size % group_size:
+            raise ValueError(f"hidden_size={hidden_size} is not a multiple of group_size={group_size}")
+        self.group_size, self.eps = group_size, eps
+        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader
+
+    def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dtype = z.dtype
+        h = y.float() * F.silu(z.float())
+        g = h.view(*h.shape[:-1], -1, self.group_size)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * g.view(h.shape).to(dtype)
+
+
+class DepthwiseConv1d(nn.Module):
+    """Holds the conv parameters in the HF layout: weight [C, 1, K], bias [C]."""
+
+    def __init__(self, channels: int, kernel_size: int, bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader
+        if bias:
+            self.bias = nn.Parameter(torch.empty(channels), requires_grad=False)
+            self.bias.weight_loader = default_weight_loader
+        else:
+            self.register_parameter("bias", None)
+
+
+class Mamba2Mixer(nn.Module):
+    def __init__(
+        self, hidden_size: int, *, num_heads: int, head_dim: int, d_state: int, n_groups: int = 1,
+        d_conv: int = 4, expand_size: int | None = None, chunk_size: int = 256, conv_bias: bool = True,
+        proj_bias: bool = False, norm_eps: float = 1e-6, activation: str = "silu",
+        dt_limit: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__()
+        d_inner = expand_size if expand_size is not None else num_heads * head_dim
+        if num_heads * head_dim != d_inner:
+            raise ValueError(f"mamba num_heads={num_heads} x head_dim={head_dim} != inner size {d_inner}")
+        if num_heads % n_groups:
+            raise ValueError(f"mamba num_heads={num_heads} is not a multiple of n_groups={n_groups}")
+        if activation not in ("silu", "swish"):
+            raise ValueError(f"mamba conv activation {activation!r} is not supported: expected 'silu'")
+        if d_conv < 2:
+            raise ValueError(f"mamba d_conv={d_conv} must be >= 2")
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
+        self.d_state, self.n_groups, self.d_conv, self.d_inner = d_state, n_groups, d_conv, d_inner
+        self.chunk_size, self.activation = chunk_size, activation
+        self.dt_limit = tuple(dt_limit) if dt_limit is not None else (0.0, float("inf"))
+        self.conv_dim = d_inner + 2 * n_groups * d_state
+        self.in_proj = Linear(hidden_size, d_inner + self.conv_dim + num_heads, bias=proj_bias)
+        self.conv1d = DepthwiseConv1d(self.conv_dim, d_conv, conv_bias)
+        self.dt_bias = nn.Parameter(torch.ones(num_heads), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(num_heads), requires_grad=False)
+        self.D = nn.Parameter(torch.ones(num_heads), requires_grad=False)
+        for p in (self.dt_bias, self.A_log, self.D):
+            p.weight_loader = default_weight_loader
+        self.norm = GatedRMSNorm(d_inner, d_inner // n_groups, norm_eps)
+        self.out_proj = Linear(d_inner, hidden_size, bias=proj_bias)
+        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.layer_name = ""
+
+    def kv_cache_spec(self, layer_name: str, dtype: torch.dtype) -> RowStateSpec:
+        """Per row: the last d_conv - 1 conv inputs (model dtype) and the SSM state (float32)."""
+        self.layer_name = layer_name
+        return RowStateSpec(
+            layer_name,
+            shapes=((self.d_conv - 1, self.conv_dim), (self.num_heads, self.head_dim, self.d_state)),
+            dtypes=(dtype, torch.float32),
+        )
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        ctx = get_forward_context()
+        if self.kv_cache is None:
+            raise RuntimeError(f"mamba layer {self.layer_name or '?'} has no state bound")
+        meta: dict[str, Any] | None = ctx.attn_metadata.extra.get("mamba")
+        if meta is None:
+            raise RuntimeError("mamba layer: attn_metadata.extra['mamba'] is missing (use MambaHybridModelState)")
+        conv_state, ssm_state = self.kv_cache
+        proj = self.in_proj(hidden)
+        z, xbc, dt = proj.split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
+        A = -torch.exp(self.A_log.float())
+        weight = self.conv1d.weight.view(self.conv_dim, self.d_conv)
+        gn = self.n_groups * self.d_state
+        if getattr(ctx.backend, "name", "") == "triton":
+            from core_runner.kernels.mamba_triton import causal_conv1d_varlen_triton, ssm_scan_varlen_triton
+
+            conv_out = causal_conv1d_varlen_triton(
+                xbc, weight, self.conv1d.bias, conv_state, meta["state_rows"], meta["has_initial_state"],
+                meta["query_start_loc"], self.activation, write_state=meta["write_state"],
+            )
+            x, B, C = conv_out.split([self.d_inner, gn, gn], dim=-1)
+            y = ssm_scan_varlen_triton(
+                x, dt, A, B, C, self.D, self.dt_bias, ssm_state, meta["state_rows"], meta["has_initial_state"],
+                meta["query_start_loc"], num_heads=self.num_heads, head_dim=self.head_dim,
+                n_groups=self.n_groups, d_state=self.d_state, dt_limit=self.dt_limit,
+                write_state=meta["write_state"],
+            )
+        else:
+            from core_runner.kernels.mamba_ref import mamba_varlen_ref
+
+            y = mamba_varlen_ref(
+                xbc, dt, weight, self.conv1d.bias, A, self.D, self.dt_bias, conv_state, ssm_state,
+                meta["state_rows_cpu"].tolist(), meta["has_initial_state_cpu"].tolist(),
+                meta["query_start_loc_cpu"].tolist(), d_inner=self.d_inner, num_heads=self.num_heads,
+                head_dim=self.head_dim, n_groups=self.n_groups, d_state=self.d_state, chunk_size=self.chunk_size,
+                activation=self.activation, dt_limit=self.dt_limit, write_state=meta["write_state"],
+            )
+        y = self.norm(y.reshape(-1, self.d_inner), z)
+        return self.out_proj(y)

@@ -1,0 +1,109 @@
+"""MambaHybridModelState: per-request recurrent state beside the paged KV cache.
+
+Mamba layers keep, per request row, a conv window and an SSM state (``RowStateSpec``,
+allocated ``[max_num_seqs + 1, ...]``; the last row is the scratch row of dummy runs and
+CUDA-graph padding). Attention layers keep their usual paged K/V.
+
+- ``add_request`` zeroes the row's state in every Mamba layer. The reset is staged and
+  applied in ``apply_staged_writes`` with one small host-to-device copy of the row ids
+  (pinned, double-buffered: no host sync) and one ``index_fill_`` per state tensor, so
+  a reused row is exactly like a fresh one.
+- ``remove_request`` (finish or preemption) needs nothing: the row is simply unused
+  until the next ``add_request`` resets it. A preempted request comes back as a new
+  request and re-prefills from its tokens.
+- ``prepare_attn`` adds ``extra["mamba"]``: state rows (``idx_mapping``), whether each
+  request continues from saved state (it has computed tokens), ``query_start_loc``, and
+  ``write_state`` (False for dummy runs, which must not touch any row, the scratch row
+  included). Device tensors sit at fixed addresses, refreshed in place each step, so
+  captured CUDA graphs read the current step's values.
+"""
+from __future__ import annotations
+
+import torch
+
+from core_runner.attention.backend import AttnMetadata
+from core_runner.engine.scheduler_output import NewRequest
+from core_runner.kv_cache_spec import KVCacheSpec, RowStateSpec
+from core_runner.runner.buffers import UvaBackedTensor
+from core_runner.runner.input_batch import InputBatch
+from model_states.base import ModelState
+from model_states.default import attn_metadata_from_batch, collect_kv_cache_specs
+
+
+class MambaHybridModelState(ModelState):
+    def __init__(self, config, model, device) -> None:
+        super().__init__(config, model, device)
+        self._reset_rows: list[int] = []
+        self._reset_host = UvaBackedTensor((config.max_num_seqs + 1,), torch.int64, device)
+        # has-initial-state flag per batch entry, at a fixed device address (graph safe)
+        self._has_init = torch.zeros(config.max_num_seqs + 1, dtype=torch.bool, device=device)
+        self._row_states: dict[str, tuple[torch.Tensor, ...]] = {}
+
+    # ---- caches -------------------------------------------------------------------
+    def kv_cache_specs(self) -> list[KVCacheSpec]:
+        dtype = next(self.model.parameters()).dtype
+        specs = collect_kv_cache_specs(self.model, dtype)
+        if not any(isinstance(s, RowStateSpec) for s in specs):
+            raise ValueError(f"{type(self.model).__name__} has no layer with recurrent row state")
+        return specs
+
+    def bind_kv_caches(self, caches: dict) -> None:
+        super().bind_kv_caches(caches)
+        self._row_states = {name: tuple(c) for name, c in caches.items() if isinstance(c, (tuple, list))}
+
+    def row_buffers(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, tensors in self._row_states.items():
+            for kind, t in zip(("conv_state", "ssm_state"), tensors):
+                out[f"{name}.{kind}"] = t
+        return out
+
+    # ---- request lifecycle --------------------------------------------------------
+    def add_request(self, row: int, request: NewRequest) -> None:
+        if row not in self._reset_rows:
+            self._reset_rows.append(row)
+
+    def remove_request(self, row: int) -> None:
+        return None
+
+    def apply_staged_writes(self) -> None:
+        if not self._reset_rows:
+            return
+        n = len(self._reset_rows)
+        self._reset_host.cpu[:n] = torch.tensor(self._reset_rows, dtype=torch.int64)
+        self._reset_rows = []
+        rows = self._reset_host.snapshot(n)
+        for tensors in self._row_states.values():
+            for t in tensors:
+                t.index_fill_(0, rows, 0)
+
+    # ---- step inputs --------------------------------------------------------------
+    def prepare_inputs(self, batch: InputBatch) -> dict[str, torch.Tensor]:
+        return {}
+
+    def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, torch.Tensor]:
+        return {}
+
+    def prepare_attn(self, batch: InputBatch, *, for_capture: bool = False) -> AttnMetadata:
+        md = attn_metadata_from_batch(batch, causal=True)
+        r = batch.idx_mapping.shape[0]
+        qsl = batch.query_start_loc
+        q_len = qsl[1: r + 1] - qsl[:r]
+        has_init = self._has_init[:r]
+        torch.gt(batch.seq_lens[:r] - q_len, 0, out=has_init)
+        init_cpu = torch.zeros(r, dtype=torch.bool)
+        init_cpu[: batch.num_reqs] = batch.num_computed_cpu[: batch.num_reqs] > 0
+        md.extra["mamba"] = {
+            "state_rows": batch.idx_mapping,
+            "state_rows_cpu": batch.idx_mapping_cpu,
+            "has_initial_state": has_init,
+            "has_initial_state_cpu": init_cpu,
+            "query_start_loc": qsl,
+            "query_start_loc_cpu": batch.query_start_loc_cpu,
+            # a dummy run leaves every row alone; a capture records the real step's writes
+            "write_state": for_capture or not batch.is_dummy,
+        }
+        return md
+
+    def postprocess_state(self, batch: InputBatch, sampled: torch.Tensor | None) -> None:
+        return None

@@ -1,0 +1,39 @@
+"""Entry point module: registers GraniteMoeHybridForCausalLM. Imports no torch."""
+from core_runner import hookimpl
+
+CAPABILITIES = {
+    "chunked_prefill": "supported",
+    # the Triton decode/prefill path reads its request list from fixed device buffers
+    # (state rows, flags, query_start_loc) and launches grids sized by the padded batch
+    "cuda_graphs": "supported",
+    "async_scheduling": "supported",
+    # a prefix cache would need the recurrent state at block boundaries, not kept here
+    "prefix_caching": "unsupported",
+    "triton_attention": "supported",
+}
+
+TINY = dict(
+    vocab_size=256, hidden_size=64, num_hidden_layers=4,
+    layer_types=["mamba", "attention", "mamba", "mamba"],
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+    mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=2, mamba_d_conv=4, mamba_expand=2,
+    mamba_chunk_size=8, shared_intermediate_size=96, intermediate_size=32,
+    embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.0,
+    initializer_range=0.1, tie_word_embeddings=True,
+)
+
+
+@hookimpl
+def register_models(registry):
+    registry.add(
+        architecture="GraniteMoeHybridForCausalLM",
+        model="core_runner_granite_hybrid.model:GraniteMoeHybridForCausalLM",
+        model_state="model_states.mamba_hybrid:MambaHybridModelState",
+        capabilities=CAPABILITIES,
+        reference="transformers:GraniteMoeHybridForCausalLM",
+        examples=[
+            {"name": "tiny-dense-nope", "config": {**TINY, "num_local_experts": 0, "position_embedding_type": None}},
+            {"name": "tiny-moe-rope", "config": {**TINY, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                                 "position_embedding_type": "rope", "tie_word_embeddings": False}},
+        ],
+    )
