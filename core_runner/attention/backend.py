@@ -47,6 +47,24 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """Attention of ``q`` ([num_tokens, heads, head_size]) over the cached context."""
 
+    # ---- MLA: one latent vector per token (see core_runner.attention.mla) ----------
+    def write_mla(self, latent_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
+                  md: AttnMetadata) -> None:
+        """Store each token's latent ``kv_c`` [T, L] and roped key ``k_pe`` [T, R] in
+        ``latent_cache`` [1, num_blocks, block_size, 1, L + R] at ``md.slot_mapping``."""
+        from core_runner.attention.mla import write_latent
+
+        write_latent(self, latent_cache, kv_c, k_pe, md)
+
+    def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
+                    md: AttnMetadata, scale: float) -> torch.Tensor:
+        """MLA with kv_b_proj absorbed: ``q_c`` [T, H, L] (W_UK^T q_nope), ``q_pe`` [T, H, R];
+        returns softmax(q_c.c + q_pe.k_pe) @ c as [T, H, L]. Backends without an MLA
+        path raise NotImplementedError naming themselves."""
+        from core_runner.attention.mla import mla_forward
+
+        return mla_forward(self, q_c, q_pe, latent_cache, md, scale)
+
 
 def get_backend(name: str) -> AttentionBackend:
     if name == "torch":

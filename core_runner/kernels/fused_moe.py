@@ -1,0 +1,136 @@
+"""Fused MoE: a grouped GEMM over token-expert pairs sorted by expert (Triton twin of
+``fused_moe_ref``).
+
+Alignment. The T * top_k (token, expert) pairs are sorted by expert and each expert's
+run is padded to a multiple of BLOCK_M with a sentinel (T * top_k), so every tile of
+BLOCK_M sorted pairs belongs to one expert. ``moe_align`` builds, with device ops only
+(no host reads, so a CUDA graph can capture it):
+  sorted_pairs [max_padded]   pair index (token * top_k + k) or the sentinel
+  block_expert [max_blocks]   the expert of each tile, -1 for the unused tail
+where max_padded = T * top_k + E * (BLOCK_M - 1) bounds the padded length from host
+ints alone; programs of unused tiles return at once.
+
+GEMMs. One launch computes gate_up for every pair (A row = hidden[pair // top_k],
+B = w13[expert]), the activation runs in torch, one launch computes down (A row =
+act[pair], B = w2[expert]) and scales each row by its router weight; the top_k rows of
+a token are then summed. Each program owns one (tile of BLOCK_M pairs, BLOCK_N output
+columns) and loops over K, loading A rows by gather and B as [BLOCK_K, BLOCK_N] of the
+expert's row-major [N, K] weight.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk_ids: [T, top_k] -> (sorted_pairs int32 [max_padded], block_expert int32 [max_blocks])."""
+    device = topk_ids.device
+    flat = topk_ids.reshape(-1).long()
+    n = flat.numel()
+    max_padded = n + num_experts * (block_m - 1)
+    max_padded = triton.cdiv(max_padded, block_m) * block_m
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))
+    padded = (counts + block_m - 1) // block_m * block_m
+    pad_end = padded.cumsum(0)
+    pad_start = pad_end - padded
+    start = counts.cumsum(0) - counts
+    order = torch.sort(flat, stable=True).indices  # pair indices grouped by expert
+    expert_sorted = flat[order]
+    rank = torch.arange(n, device=device) - start[expert_sorted]
+    sorted_pairs = torch.full((max_padded,), n, dtype=torch.int32, device=device)
+    sorted_pairs.scatter_(0, pad_start[expert_sorted] + rank, order.to(torch.int32))
+    tile_start = torch.arange(0, max_padded, block_m, device=device)
+    block_expert = torch.searchsorted(pad_end, tile_start, right=True)
+    block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
+    return sorted_pairs, block_expert
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, w_ptr, sorted_ptr, block_expert_ptr,
+    N, K, num_pairs,
+    s_am, s_ak, s_be, s_bn, s_bk, s_cm, s_cn,
+    A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m)
+    if expert < 0:
+        return
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + rows)
+    row_ok = pair < num_pairs
+    a_row = (pair // A_ROW_DIV).to(tl.int64)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    kk = tl.arange(0, BLOCK_K)
+    a_base = a_ptr + a_row[:, None] * s_am
+    b_base = b_ptr + expert.to(tl.int64) * s_be + cols[None, :].to(tl.int64) * s_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + kk) < K
+        a = tl.load(a_base + (k0 + kk)[None, :] * s_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        b = tl.load(b_base + (k0 + kk)[:, None] * s_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        acc += tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
+    if MUL_WEIGHT:
+        w = tl.load(w_ptr + pair, mask=row_ok, other=0.0)
+        acc = acc * w[:, None]
+    c_off = pair.to(tl.int64)[:, None] * s_cm + cols[None, :] * s_cn
+    tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def _gemm_config(num_pairs: int, device: torch.device) -> dict:
+    # Small batches (decode) waste less padding with 16-row tiles.
+    block_m = 16 if num_pairs <= 64 * 16 else 64
+    cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3}
+    if device.type != "cuda":
+        cfg["num_stages"] = 1
+    return cfg
+
+
+def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, mul_weight, cfg):
+    n_out, k_in = b.shape[1], b.shape[2]
+    grid = (block_expert.shape[0], triton.cdiv(n_out, cfg["BLOCK_N"]))
+    _moe_gemm_kernel[grid](
+        a, b, c, weights, sorted_pairs, block_expert,
+        n_out, k_in, num_pairs,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
+        A_ROW_DIV=a_row_div, MUL_WEIGHT=mul_weight,
+        BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+
+
+def fused_moe_triton(
+    hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor, block_m: int | None = None,
+) -> torch.Tensor:
+    """hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
+    topk_weights / topk_ids [T, top_k]. Returns sum_k w_k * expert_k(hidden) as [T, H]."""
+    num_tokens, hidden_size = hidden.shape
+    num_experts, two_i, _ = w13.shape
+    top_k = topk_ids.shape[1]
+    if w2.shape != (num_experts, hidden_size, two_i // 2) or w13.shape[2] != hidden_size:
+        raise ValueError(f"expert weights {tuple(w13.shape)} / {tuple(w2.shape)} do not fit hidden {hidden_size}")
+    if num_tokens == 0:
+        return hidden.new_zeros(0, hidden_size)
+    num_pairs = num_tokens * top_k
+    cfg = _gemm_config(num_pairs, hidden.device)
+    if block_m is not None:
+        cfg["BLOCK_M"] = block_m
+    sorted_pairs, block_expert = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
+    hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
+    gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)
+    weights = topk_weights.reshape(-1).float().contiguous()
+    _launch(hidden, w13, gate_up, weights, sorted_pairs, block_expert, num_pairs, top_k, False, cfg)
+    gate, up = gate_up.chunk(2, dim=-1)
+    act = F.silu(gate) * up
+    down = torch.empty((num_pairs, hidden_size), dtype=hidden.dtype, device=hidden.device)
+    _launch(act, w2, down, weights, sorted_pairs, block_expert, num_pairs, 1, True, cfg)
+    return down.view(num_tokens, top_k, hidden_size).sum(dim=1, dtype=torch.float32).to(hidden.dtype)

@@ -1,0 +1,256 @@
+"""DeepseekV2ForCausalLM / DeepseekV3ForCausalLM from core_runner.layers.
+
+Attention is MLA: q through a low-rank path (q_a_proj -> q_a_layernorm -> q_b_proj) or a
+direct q_proj; kv_a_proj_with_mqa gives the latent (kv_lora_rank, normalised by
+kv_a_layernorm) and one shared rope key (qk_rope_head_dim); RoPE touches only the rope
+halves. The cache keeps [latent | rope key] per token (``MLAAttention``), kv_b_proj is
+absorbed, so decode reads only the latent cache.
+
+RoPE layout follows transformers: DeepSeek-V2 rotates interleaved pairs (x0, x1), (x2,
+x3), ...; DeepSeek-V3 does the same when ``rope_interleave`` (the default) and rotates
+halves otherwise. Only the 'default' rope type is implemented (others are refused).
+
+MLP: dense for the first ``first_k_dense_replace`` layers, then routed experts
+(``FusedMoE``) plus shared experts. Routing: V2 softmax greedy / group-limited greedy
+times routed_scaling_factor; V3 sigmoid + e_score_correction_bias, groups by top-2 sums,
+optional renormalisation, times routed_scaling_factor.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core_runner.layers import LMHead, Linear, MergedLinear, RMSNorm, SiluAndMul, VocabEmbedding
+from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
+from core_runner.layers.linear import default_weight_loader
+from core_runner.layers.mla import MLAAttention
+from core_runner.layers.moe_routing import grouped_topk_v2, grouped_topk_v3
+
+
+def _rope_theta(config: Any) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    scaling = getattr(config, "rope_scaling", None)
+    kind = (params.get("rope_type") if isinstance(params, dict) else None) or "default"
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
+        kind = scaling.get("rope_type", scaling.get("type"))
+    if kind != "default":
+        raise ValueError(
+            f"rope_type={kind!r} is not supported by core-runner-deepseek: only 'default' RoPE is implemented "
+            "(YaRN scaling and its attention mscale are not); use a config without rope scaling"
+        )
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(config, "rope_theta", None) or 10000.0)
+
+
+class DeepseekRotary(nn.Module):
+    """RoPE on the rope halves only: interleaved pairs or rotate-half."""
+
+    def __init__(self, dim: int, max_position: int, base: float, interleaved: bool) -> None:
+        super().__init__()
+        if dim % 2:
+            raise ValueError(f"qk_rope_head_dim={dim} must be even")
+        self.interleaved = interleaved
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
+        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        if self.interleaved:
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]
+            return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).to(x.dtype)
+        x1, x2 = xf.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+
+    def forward(self, positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q_pe [T, H, R], k_pe [T, R]."""
+        cos, sin = self.cos_sin[positions.long()].chunk(2, dim=-1)  # [T, R/2]
+        return self._rotate(q_pe, cos[:, None], sin[:, None]), self._rotate(k_pe, cos, sin)
+
+
+class DeepseekMLA(nn.Module):
+    def __init__(self, config: Any, interleaved_rope: bool) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.q_lora_rank = config.q_lora_rank
+        self.kv_lora_rank = config.kv_lora_rank
+        self.nope, self.rope, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
+        qk_head_dim = self.nope + self.rope
+        bias = bool(getattr(config, "attention_bias", False))
+        if self.q_lora_rank is None:
+            self.q_proj = Linear(h, self.num_heads * qk_head_dim)
+        else:
+            self.q_a_proj = Linear(h, self.q_lora_rank, bias=bias)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6)
+            self.q_b_proj = Linear(self.q_lora_rank, self.num_heads * qk_head_dim)
+        self.kv_a_proj_with_mqa = Linear(h, self.kv_lora_rank + self.rope, bias=bias)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)
+        self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_dim))
+        self.o_proj = Linear(self.num_heads * self.v_dim, h, bias=bias)
+        self.rotary_emb = DeepseekRotary(self.rope, config.max_position_embeddings, _rope_theta(config),
+                                         interleaved_rope)
+        self.attn = MLAAttention(self.num_heads, self.kv_lora_rank, self.nope, self.rope, self.v_dim,
+                                 qk_head_dim ** -0.5)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        if self.q_lora_rank is None:
+            q = self.q_proj(x)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(-1, self.num_heads, self.nope + self.rope)
+        q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
+        kv_c, k_pe = self.kv_a_proj_with_mqa(x).split([self.kv_lora_rank, self.rope], dim=-1)
+        kv_c = self.kv_a_layernorm(kv_c)
+        q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe)
+        return self.o_proj(self.attn(q_nope, q_pe, kv_c, k_pe, self.kv_b_proj.weight))
+
+
+class DeepseekMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])
+        self.down_proj = Linear(intermediate, hidden)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DeepseekRouter(nn.Module):
+    """Router weight kept in float32 (as the reference does) and, for V3, the correction bias."""
+
+    def __init__(self, num_experts: int, hidden: int, with_bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden, dtype=torch.float32), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader
+        if with_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32),
+                                                        requires_grad=False)
+            self.e_score_correction_bias.weight_loader = default_weight_loader
+        else:
+            self.e_score_correction_bias = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x.float(), self.weight)
+
+
+class DeepseekMoE(nn.Module):
+    def __init__(self, config: Any, version: int) -> None:
+        super().__init__()
+        self.version = version
+        self.top_k = config.num_experts_per_tok
+        self.num_experts = config.n_routed_experts
+        self.scaling = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+        self.n_group, self.topk_group = getattr(config, "n_group", None), getattr(config, "topk_group", None)
+        if version == 2:
+            self.topk_method = getattr(config, "topk_method", "greedy") or "greedy"
+            if self.topk_method not in ("greedy", "group_limited_greedy"):
+                raise ValueError(f"topk_method={self.topk_method!r} is not supported for DeepSeek-V2: "
+                                 "expected 'greedy' or 'group_limited_greedy'")
+        else:
+            self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", True))
+        self.gate = DeepseekRouter(self.num_experts, config.hidden_size, with_bias=version == 3)
+        self.experts = FusedMoE(self.num_experts, config.hidden_size, config.moe_intermediate_size)
+        n_shared = getattr(config, "n_shared_experts", None) or 0
+        self.shared_experts = (DeepseekMLP(config.hidden_size, config.moe_intermediate_size * n_shared)
+                               if n_shared else None)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.gate(x)
+        if self.version == 2:
+            return grouped_topk_v2(logits, self.top_k, self.topk_method, self.n_group, self.topk_group, self.scaling)
+        return grouped_topk_v3(logits, self.gate.e_score_correction_bias, self.top_k, self.n_group,
+                               self.topk_group, self.norm_topk_prob, self.scaling)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class DeepseekDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_idx: int, version: int, interleaved_rope: bool) -> None:
+        super().__init__()
+        self.self_attn = DeepseekMLA(config, interleaved_rope)
+        if layer_idx >= (getattr(config, "first_k_dense_replace", 0) or 0):
+            self.mlp = DeepseekMoE(config, version)
+        else:
+            self.mlp = DeepseekMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class DeepseekModel(nn.Module):
+    def __init__(self, config: Any, version: int, interleaved_rope: bool) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, i, version, interleaved_rope)
+                                    for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class _DeepseekForCausalLM(nn.Module):
+    version = 2
+    ignored_weight_patterns: tuple[str, ...] = (r"rotary_emb\.inv_freq",)
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        if getattr(config, "mlp_bias", False):
+            raise ValueError("mlp_bias=True is not supported by core-runner-deepseek")
+        if (getattr(config, "hidden_act", "silu") or "silu") != "silu":
+            raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
+        interleaved = True if self.version == 2 else bool(getattr(config, "rope_interleave", True))
+        self.model = DeepseekModel(config, self.version, interleaved)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        # per-expert checkpoint tensors first (first match wins), then the dense MLPs' gate/up
+        self.packed_modules_mapping = {
+            **expert_packed_mapping(config.n_routed_experts),
+            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+        }
+        patterns = list(self.ignored_weight_patterns)
+        # multi-token-prediction layers (V3 checkpoints) are not used for plain decoding
+        patterns.append(rf"^model\.layers\.({'|'.join(str(config.num_hidden_layers + i) for i in range(8))})\.")
+        if tied:
+            patterns.append(r"^lm_head\.weight$")
+        self.ignored_weight_patterns = tuple(patterns)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+class DeepseekV2ForCausalLM(_DeepseekForCausalLM):
+    version = 2
+
+
+class DeepseekV3ForCausalLM(_DeepseekForCausalLM):
+    version = 3

@@ -1,0 +1,99 @@
+"""Qwen3MoeForCausalLM: Qwen3 attention with sparse MoE MLPs (shared FusedMoE layer).
+
+A layer is sparse when it is not in ``mlp_only_layers`` and (layer + 1) is a multiple
+of ``decoder_sparse_step``; other layers keep a dense MLP of ``intermediate_size``.
+Routing is softmax top-k, renormalised over the kept experts when ``norm_topk_prob``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from core_runner.layers import LMHead, Linear, RMSNorm, VocabEmbedding
+from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
+from core_runner.layers.moe_routing import softmax_topk
+from core_runner_qwen3.model import Qwen3Attention, Qwen3MLP
+
+
+class Qwen3MoeSparseBlock(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.top_k = config.num_experts_per_tok
+        self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", False))
+        self.gate = Linear(config.hidden_size, config.num_experts)
+        self.experts = FusedMoE(config.num_experts, config.hidden_size, config.moe_intermediate_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = softmax_topk(self.gate(x), self.top_k, self.norm_topk_prob)
+        return self.experts(x, weights, ids)
+
+
+def is_sparse_layer(config: Any, layer_idx: int) -> bool:
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    return (layer_idx not in (getattr(config, "mlp_only_layers", None) or [])
+            and config.num_experts > 0 and (layer_idx + 1) % step == 0)
+
+
+class Qwen3MoeDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = Qwen3Attention(config)
+        if is_sparse_layer(config, layer_idx):
+            self.mlp = Qwen3MoeSparseBlock(config)
+        else:
+            self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = x
+            x = self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class Qwen3MoeModel(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class Qwen3MoeForCausalLM(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        if getattr(config, "use_sliding_window", False):
+            raise ValueError("use_sliding_window=True is not supported by core-runner-qwen3")
+        if (getattr(config, "hidden_act", "silu") or "silu") != "silu":
+            raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
+        self.model = Qwen3MoeModel(config)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        # per-expert tensors first (first match wins), then the attention and dense MLPs
+        self.packed_modules_mapping = {
+            **expert_packed_mapping(config.num_experts),
+            "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+        }
+        self.ignored_weight_patterns = (r"rotary_emb\.inv_freq",) + ((r"^lm_head\.weight$",) if tied else ())
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
