@@ -1,0 +1,117 @@
+"""The catalog of conformance checks: stable ids, one-line statements, and what each
+check is generated over. Imports nothing heavy; ``docs/conformance.md`` repeats the
+statements (a test keeps the two in sync).
+
+Scopes decide how a check is multiplied out of a plugin's registrations:
+``plugin`` (once per plugin), ``architecture`` (once per registration),
+``example`` (registration x example config) and ``capability`` (registration x
+capability). A check with ``capability`` set is about that capability: it runs when
+the capability is declared ``supported``, runs as a strict xfail when it is declared
+``xfail`` (a pass then fails the run), and is not generated when it is unsupported,
+where CR-BOUND-05 checks that enabling it is refused instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    group: str  # registration | state | equivalence | bounds
+    scope: str  # plugin | architecture | example | capability
+    statement: str
+    func: str  # "module:function" inside core_runner.conformance
+    capability: str | None = None
+    gpu: bool = False  # needs a CUDA device (tier gpu)
+
+
+def _c(id: str, scope: str, func: str, statement: str, **kw) -> Check:
+    group = {"REG": "registration", "STATE": "state", "EQ": "equivalence", "BOUND": "bounds"}[id.split("-")[1]]
+    return Check(id=id, group=group, scope=scope, statement=statement, func=func, **kw)
+
+
+_R, _S, _E, _B = "checks_registration", "checks_state", "checks_equivalence", "checks_bounds"
+
+CHECKS: tuple[Check, ...] = (
+    _c("CR-REG-01", "plugin", f"{_R}:fresh_process_load",
+       "The entry point loads in a fresh spawned process and registers at least one architecture."),
+    _c("CR-REG-02", "plugin", f"{_R}:no_cuda_at_registration",
+       "Registering initialises no CUDA: torch.cuda is never initialised while the plugin loads."),
+    _c("CR-REG-03", "plugin", f"{_R}:no_model_at_registration",
+       "Registering builds no model: no model (or plugin state) module is imported and no nn.Module is constructed."),
+    _c("CR-REG-04", "plugin", f"{_R}:no_silent_override",
+       "No silent override: the plugin loads beside every installed plugin, and registering its "
+       "architectures a second time is refused unless the registration says override=True."),
+    _c("CR-REG-05", "architecture", f"{_R}:registration_complete",
+       "Each registration is complete: model, model_state and reference import, every example builds a "
+       "reference config, the state serves the declared tasks, and registry.toml agrees for built-ins."),
+    _c("CR-STATE-01", "example", f"{_S}:reused_row_is_fresh",
+       "A reused request row behaves exactly like a fresh one after every per-row buffer (runner, sampling "
+       "and ModelState tables, row caches) and every free KV block is filled with garbage."),
+    _c("CR-STATE-02", "example", f"{_S}:dummy_run_changes_nothing",
+       "A dummy run changes no persistent state (before any request, mid-generation, after a finish) and "
+       "later real steps stay bit-identical."),
+    _c("CR-STATE-03", "example", f"{_S}:settings_survive_chunking_and_preemption",
+       "Per-request settings (temperature, top-k, top-p, seed, logprobs) survive chunked prefill and preemption."),
+    _c("CR-STATE-04", "example", f"{_S}:event_order",
+       "ModelState events within a step follow the contract: remove < add < apply_staged_writes < "
+       "prepare_inputs < prepare_attn < forward < postprocess_state, each for the right rows."),
+    _c("CR-STATE-05", "example", f"{_S}:buffers_sized_from_limits",
+       "Per-row buffers and caches are sized from the workload limits (max_num_seqs, max_model_len, "
+       "block_size, num_kv_blocks), never from a global maximum."),
+    _c("CR-STATE-06", "architecture", "machine:random_lifecycles",
+       "Random add / step / preempt / abort / finish sequences (a Hypothesis state machine) keep every "
+       "request's tokens a prefix of its uninterrupted greedy reference."),
+    _c("CR-EQ-01", "example", f"{_E}:logits_match_reference",
+       "Logits equal the registration's reference class within 1e-4 (float32) at every prefill and decode "
+       "position, and greedy tokens equal the reference's."),
+    _c("CR-EQ-02", "example", f"{_E}:chunked_equals_full_prefill",
+       "Chunked prefill gives the same greedy tokens as a one-step prefill, with logits within 1e-4 of the "
+       "reference at every chunk end.", capability="chunked_prefill"),
+    _c("CR-EQ-03", "example", f"{_E}:batch_and_row_do_not_matter",
+       "Batch composition and row index do not change a request's greedy tokens or its logits (within 1e-4)."),
+    _c("CR-EQ-04", "example", f"{_E}:preempt_resume_equals_uninterrupted",
+       "Preempt + resume (from a small KV pool, and forced mid-prefill and mid-decode) equals an "
+       "uninterrupted run."),
+    _c("CR-EQ-05", "example", f"{_E}:same_seed_same_output",
+       "The same seed gives the same sampled tokens whatever the batch, row or engine; another seed gives "
+       "other tokens; the engine seed fixes the output of unseeded requests."),
+    _c("CR-EQ-06", "capability", f"{_E}:graph_equals_eager",
+       "CUDA graph replay gives the same tokens as eager execution (GPU).", capability="cuda_graphs", gpu=True),
+    _c("CR-EQ-07", "capability", f"{_E}:async_equals_sync",
+       "Async scheduling gives the same tokens as synchronous scheduling.", capability="async_scheduling"),
+    _c("CR-EQ-08", "capability", f"{_E}:triton_equals_torch_attention",
+       "Triton attention gives the same tokens, and logits within 1e-4, as the torch reference attention (GPU).",
+       capability="triton_attention", gpu=True),
+    _c("CR-EQ-09", "capability", f"{_E}:prefix_hit_equals_miss",
+       "A prefix-cache hit gives the same output as a miss.", capability="prefix_caching"),
+    _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
+       "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
+       "prefill and is otherwise rejected at config time)."),
+    _c("CR-BOUND-02", "example", f"{_B}:prompt_of_max_model_len_minus_one",
+       "A prompt of exactly max_model_len - 1 tokens runs in a KV pool of one max-length request and yields "
+       "one reference token with finish_reason 'length'."),
+    _c("CR-BOUND-03", "example", f"{_B}:bad_prompts_rejected_cleanly",
+       "Over-length, empty and out-of-vocabulary prompts are rejected with a ValueError on add, leaving "
+       "running requests and the engine untouched."),
+    _c("CR-BOUND-04", "architecture", "options:every_option_has_an_effect",
+       "Every EngineConfig option has an observable effect or rejects an invalid value (one probe per field; "
+       "a field without a probe fails)."),
+    _c("CR-BOUND-05", "capability", f"{_B}:unsupported_capability_refused",
+       "A capability declared unsupported cannot be enabled: asking for it raises UnsupportedError at config "
+       "time (strict mode for plan-level capabilities)."),
+)
+
+BY_ID = {c.id: c for c in CHECKS}
+
+
+def select(patterns: list[str] | None) -> list[Check]:
+    """Checks whose id equals or starts with one of ``patterns`` (all when None)."""
+    if not patterns:
+        return list(CHECKS)
+    chosen = [c for c in CHECKS if any(c.id == p or c.id.startswith(p.rstrip("*")) for p in patterns)]
+    unknown = [p for p in patterns if not any(c.id == p or c.id.startswith(p.rstrip("*")) for c in CHECKS)]
+    if unknown:
+        raise ValueError(f"unknown check id(s) {unknown}: known ids are {[c.id for c in CHECKS]}")
+    return chosen

@@ -1,0 +1,427 @@
+"""What the checks share: reference checkpoints, engine construction, a step recorder,
+forced preemption, and comparisons that record what the report needs (max logit error,
+first divergent token).
+
+References are the registration's ``reference`` class built from an example's tiny
+config, float32, computed one prompt at a time with an explicit all-ones attention mask
+(greedy continuations by repeated full forwards: no cache to trust).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from core_runner.registry import Registration, import_string
+
+LOGIT_ATOL = 1e-4  # float32 logits against the reference
+TIE_EPS = 2e-4  # a greedy divergence where the reference's top-2 gap is this small is a tie, not a bug
+DEFAULT_INIT_RANGE = 0.15  # wider than HF's 0.02: no near-ties, varied greedy continuations
+
+
+class CheckFailure(AssertionError):
+    """A check's claim does not hold; the message says what was observed."""
+
+
+def fail(message: str) -> None:
+    raise CheckFailure(message)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# ---------------------------------------------------------------------------------
+# examples and references
+# ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Example:
+    name: str
+    config: dict
+
+
+def examples_of(reg: Registration) -> list[Example]:
+    """A registration's examples: ``{"name": ..., "config": {...}}`` or bare config dicts."""
+    out = []
+    for i, ex in enumerate(reg.examples):
+        if not isinstance(ex, dict):
+            raise ValueError(f"{reg.architecture}: example {i} is {type(ex).__name__}, expected a dict")
+        if "config" in ex:
+            name, cfg = ex.get("name") or f"example{i}", ex["config"]
+        else:
+            name, cfg = f"example{i}", ex
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{reg.architecture}: example {name!r} has a config of type {type(cfg).__name__}")
+        out.append(Example(str(name), dict(cfg)))
+    return out
+
+
+def reference_class(reg: Registration) -> Any:
+    if not reg.reference:
+        raise ValueError(f"{reg.architecture} names no reference class (registry.add(..., reference='transformers:X'))")
+    return import_string(reg.reference, f"reference of {reg.architecture} (plugin {reg.plugin!r})")
+
+
+def reference_config(reg: Registration, example: Example) -> Any:
+    cls = reference_class(reg)
+    config_cls = getattr(cls, "config_class", None)
+    if config_cls is None:
+        raise ValueError(f"reference {reg.reference} has no config_class: cannot build it from an example config")
+    cfg = {k: v for k, v in example.config.items() if k != "architectures"}
+    defaults = {"initializer_range": DEFAULT_INIT_RANGE, "eos_token_id": None, "bos_token_id": None,
+                "pad_token_id": None}
+    for k, v in defaults.items():
+        cfg.setdefault(k, v)
+    return config_cls(**cfg)
+
+
+class Reference:
+    """One (registration, example): the reference model, saved as a checkpoint the engine loads."""
+
+    def __init__(self, reg: Registration, example: Example, root: Path, seed: int = 0) -> None:
+        cls = reference_class(reg)
+        hf_config = reference_config(reg, example)
+        prev = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float32)
+        try:
+            torch.manual_seed(seed)
+            model = cls(hf_config).to(torch.float32).eval()
+        finally:
+            torch.set_default_dtype(prev)
+        gen = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for p in model.parameters():
+                # zero biases and unit norms would let a model that ignores them pass
+                if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all()):
+                    p.add_(torch.randn(p.shape, generator=gen) * 0.1)
+        self.path = Path(root) / f"{reg.architecture}-{example.name}"
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            model.save_pretrained(str(self.path))
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        cfg_file = self.path / "config.json"
+        cfg = json.loads(cfg_file.read_text())
+        cfg["architectures"] = [reg.architecture]  # the engine picks the plugin by this name
+        cfg_file.write_text(json.dumps(cfg, indent=2))
+        self.model = model
+        self.registration = reg
+        self.example = example
+        self.vocab = int(hf_config.vocab_size)
+        self.max_position = getattr(hf_config, "max_position_embeddings", None)
+        self._logits: dict[tuple[int, ...], torch.Tensor] = {}
+        self._greedy: dict[tuple[int, ...], list[int]] = {}
+
+    def _forward(self, seq: list[int]) -> torch.Tensor:
+        ids = torch.tensor([seq], dtype=torch.long)
+        with torch.no_grad():
+            return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
+
+    def logits(self, seq: list[int]) -> torch.Tensor:
+        """[len(seq), vocab]: row i predicts token i + 1."""
+        key = tuple(seq)
+        if key not in self._logits:
+            self._logits[key] = self._forward(list(seq))
+        return self._logits[key]
+
+    def greedy(self, prompt: list[int], n: int) -> list[int]:
+        key = tuple(prompt)
+        have = self._greedy.setdefault(key, [])
+        seq = list(prompt) + have
+        while len(have) < n:
+            tok = int(self._forward(seq)[-1].argmax())
+            have.append(tok)
+            seq.append(tok)
+        return have[:n]
+
+    def prompts(self, lengths: list[int], seed: int) -> list[list[int]]:
+        """Random prompts with ids in [3, vocab) (clear of typical special ids)."""
+        g = torch.Generator().manual_seed(seed)
+        return [torch.randint(3, self.vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+# ---------------------------------------------------------------------------------
+# sampling parameters
+# ---------------------------------------------------------------------------------
+def sampling_fields() -> set[str]:
+    from core_runner.sampling_params import SamplingParams
+
+    return {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def supports_logprobs() -> bool:
+    return "logprobs" in sampling_fields()
+
+
+def greedy(n: int) -> Any:
+    from core_runner import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+
+
+def sampled(n: int, seed: int | None = 1234, temperature: float = 0.8, top_p: float = 0.9, top_k: int = -1,
+            logprobs: int | None = None) -> Any:
+    """A fresh SamplingParams each call (a state must not be able to leak edits between runs)."""
+    from core_runner import SamplingParams
+
+    kw: dict[str, Any] = dict(max_tokens=n, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                              ignore_eos=True)
+    if logprobs is not None and supports_logprobs():
+        kw["logprobs"] = logprobs
+    return SamplingParams(**kw)
+
+
+# ---------------------------------------------------------------------------------
+# driving an engine
+# ---------------------------------------------------------------------------------
+@dataclass
+class Step:
+    """One real step as the runner executed it."""
+
+    req_ids: list[str]
+    num_scheduled: dict[str, int]
+    num_computed: dict[str, int]
+    rows: dict[str, int]
+    new_req_ids: list[str]
+    preempted: set[str]
+    logits: dict[str, torch.Tensor]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_scheduled.values())
+
+
+class Recorder:
+    """Logs every real step through the runner's ``recorded_logits`` hook."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.steps: list[Step] = []
+        self.num_dummy = 0
+        runner = engine.runner
+        runner.recorded_logits = []
+        inner = runner.execute_model
+
+        def execute_model(out: Any, dummy: bool = False) -> Any:
+            if dummy:
+                self.num_dummy += 1
+                return inner(out, dummy=True)
+            before = len(runner.recorded_logits)
+            result = inner(out)
+            if len(runner.recorded_logits) > before:
+                req_ids, logits = runner.recorded_logits[-1]
+                self.steps.append(Step(
+                    req_ids=list(req_ids), num_scheduled=dict(out.num_scheduled_tokens),
+                    num_computed=dict(out.num_computed_tokens),
+                    rows={r: runner.req_state.req_id_to_row[r] for r in req_ids},
+                    new_req_ids=[n.req_id for n in out.new_reqs], preempted=set(out.preempted_req_ids),
+                    logits={r: logits[i].clone() for i, r in enumerate(req_ids)},
+                ))
+                runner.recorded_logits.clear()
+            return result
+
+        runner.execute_model = execute_model
+
+    def rows_of(self, req_id: str) -> list[int]:
+        return [s.rows[req_id] for s in self.steps if req_id in s.rows]
+
+    def logits_of(self, req_id: str) -> list[tuple[int, torch.Tensor]]:
+        """(position whose next token these logits predict, logits) for each step of req_id."""
+        return [(s.num_computed[req_id] + s.num_scheduled[req_id] - 1, s.logits[req_id])
+                for s in self.steps if req_id in s.logits]
+
+    def sampling_logits(self, req_id: str, prompt_len: int) -> list[torch.Tensor]:
+        """Logits that produced each output token (the last computation of each position)."""
+        by_pos = {p: lg for p, lg in self.logits_of(req_id) if p >= prompt_len - 1}
+        return [by_pos[p] for p in sorted(by_pos)]
+
+
+class Preempter:
+    """Forces preemption by recompute of a running request, as the scheduler does when the
+    KV pool runs dry: its blocks are freed, it goes to the front of the queue, and the
+    runner hears of it in the next step's ``preempted_req_ids``."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.pending: set[str] = set()
+        sched = engine.scheduler
+        if not hasattr(sched, "_preempt"):
+            raise RuntimeError("this core_runner's Scheduler has no _preempt: the suite is out of date")
+        inner = sched.schedule
+
+        def schedule() -> Any:
+            out = inner()
+            out.preempted_req_ids |= self.pending
+            self.pending.clear()
+            return out
+
+        sched.schedule = schedule
+
+    def preemptible(self) -> list[str]:
+        return [r.req_id for r in self.engine.scheduler.running if r.num_pending == 0]
+
+    def preempt(self, req_id: str) -> None:
+        from core_runner.engine.scheduler_output import SchedulerOutput
+
+        sched = self.engine.scheduler
+        req = sched.requests[req_id]
+        if req not in sched.running or req.num_pending:
+            raise ValueError(f"request {req_id} is not running with its outputs known: cannot preempt it")
+        scratch = SchedulerOutput()
+        sched._preempt(req, scratch)
+        self.pending |= scratch.preempted_req_ids
+
+
+def step_until(engine: Any, outputs: dict, cond: Callable[[], bool], max_steps: int = 3000) -> None:
+    for _ in range(max_steps):
+        if cond():
+            return
+        if not engine.has_unfinished_requests():
+            fail("no unfinished request is left but the awaited condition never held")
+        for o in engine.step():
+            if o.req_id in outputs:
+                fail(f"request {o.req_id} finished twice")
+            outputs[o.req_id] = o
+    fail(f"condition not reached within {max_steps} steps")
+
+
+def drain(engine: Any, outputs: dict | None = None) -> dict:
+    outputs = {} if outputs is None else outputs
+    step_until(engine, outputs, lambda: not engine.has_unfinished_requests())
+    return outputs
+
+
+def run(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict:
+    for req_id, prompt, params in requests:
+        engine.add_request(prompt, params, req_id=req_id)
+    return drain(engine)
+
+
+# ---------------------------------------------------------------------------------
+# the per-check context
+# ---------------------------------------------------------------------------------
+@dataclass
+class Ctx:
+    """What a check gets: its case, the plugin manager, references and engines, and a
+    place to record the report's measurements."""
+
+    session: Any
+    check: Any
+    registration: Registration | None = None
+    example: Example | None = None
+    capability: str | None = None
+    metrics: dict = field(default_factory=lambda: {"max_logit_error": None, "first_divergent_token": None,
+                                                   "notes": []})
+
+    @property
+    def pm(self) -> Any:
+        """The plugin manager with only the plugin under test. For a check of a capability
+        declared ``xfail``, a copy that declares it supported, so that the oracle lets it run."""
+        cap = self.check.capability
+        if cap and self.registration is not None and self.registration.capability(cap).state == "xfail":
+            return self.session.forcing_pm(self.registration, cap)
+        return self.session.pm
+
+    @property
+    def ref(self) -> Reference:
+        return self.session.reference(self.registration, self.example or self.session.first_example(self.registration))
+
+    @property
+    def chunked(self) -> bool:
+        return self.registration.capability("chunked_prefill").supported
+
+    def llm(self, **overrides: Any) -> Any:
+        """An LLM on the example's checkpoint with small defaults; the KV pool holds
+        max_num_seqs full-length requests unless num_kv_blocks is given."""
+        from core_runner import LLM
+
+        opts: dict[str, Any] = dict(dtype="float32", device="cpu", max_model_len=self.max_model_len(128),
+                                    max_num_seqs=8, block_size=4, strict=False)
+        opts.update(overrides)
+        sizes = [opts["max_num_seqs"], opts["max_model_len"], opts["block_size"]]
+        if "num_kv_blocks" not in overrides and all(isinstance(v, int) and v > 0 for v in sizes):
+            opts["num_kv_blocks"] = opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"])
+        return LLM(str(self.ref.path), plugins=self.pm, **opts)
+
+    def engine(self, **overrides: Any) -> Any:
+        return self.llm(**overrides).engine
+
+    def max_model_len(self, wanted: int) -> int:
+        mp = self.ref.max_position
+        return min(wanted, mp) if mp else wanted
+
+    def note(self, text: str) -> None:
+        self.metrics["notes"].append(text)
+
+    # ---- comparisons that feed the report ------------------------------------------
+    def logit_error(self, got: torch.Tensor, want: torch.Tensor, where: str, atol: float = LOGIT_ATOL) -> float:
+        err = float((got.float() - want.float()).abs().max())
+        prev = self.metrics["max_logit_error"]
+        self.metrics["max_logit_error"] = err if prev is None else max(prev, err)
+        if not err <= atol:
+            fail(f"{where}: logits differ by {err:.3g} > {atol:g}")
+        return err
+
+    def expect_tokens(self, got: list[int], want: list[int], where: str) -> None:
+        """Engine-vs-engine token equality (same model, other schedule)."""
+        for k, (a, b) in enumerate(zip(got, want)):
+            if a != b:
+                self._divergence(where, k, a, b)
+                fail(f"{where}: token {k} is {a}, expected {b} (got {got}, expected {want})")
+        if len(got) != len(want):
+            fail(f"{where}: {len(got)} tokens, expected {len(want)}")
+
+    def expect_greedy(self, prompt: list[int], got: list[int], where: str, n: int | None = None) -> None:
+        """Greedy tokens equal the reference's; a divergence at a reference near-tie
+        (top-2 gap <= TIE_EPS) ends the comparison there and is noted, not failed."""
+        n = len(got) if n is None else n
+        if len(got) != n:
+            fail(f"{where}: {len(got)} tokens generated, expected {n}")
+        want = self.ref.greedy(prompt, n)
+        for k, (a, b) in enumerate(zip(got, want)):
+            if a == b:
+                continue
+            row = self.ref.logits(list(prompt) + list(got[:k]))[-1]
+            gap = float(row[b] - row[a])
+            if gap <= TIE_EPS:
+                self.note(f"{where}: tie at output token {k} (reference gap {gap:.2g}); compared up to it")
+                return
+            self._divergence(where, k, a, b, gap)
+            fail(f"{where}: output token {k} is {a}, the reference's greedy token is {b} "
+                 f"(reference logit gap {gap:.3g}); engine {got}, reference {want}")
+
+    def _divergence(self, where: str, index: int, got: int, want: int, gap: float | None = None) -> None:
+        if self.metrics["first_divergent_token"] is None:
+            self.metrics["first_divergent_token"] = {"where": where, "index": index, "got": got, "expected": want,
+                                                     "reference_gap": gap}
+
+    def expect_logits_match_reference(self, rec: Recorder, outputs: dict) -> int:
+        """Every recorded logits row of every request equals the reference's at the same
+        position. All rows are compared (the report gets the maximum error) before failing."""
+        worst: tuple[float, str] = (-1.0, "")
+        checked = 0
+        for req_id, out in outputs.items():
+            seq = list(out.prompt_token_ids) + list(out.token_ids)
+            entries = rec.logits_of(req_id)
+            if not entries:
+                fail(f"{req_id}: no logits were recorded")
+            ref = self.ref.logits(seq[:-1]) if len(seq) > 1 else self.ref.logits(seq)
+            for pos, lg in entries:
+                err = float((lg.float() - ref[pos]).abs().max())
+                if err > worst[0]:
+                    worst = (err, f"{req_id} position {pos}")
+                checked += 1
+        prev = self.metrics["max_logit_error"]
+        self.metrics["max_logit_error"] = worst[0] if prev is None else max(prev, worst[0])
+        if not worst[0] <= LOGIT_ATOL:
+            fail(f"logits differ from the reference by up to {worst[0]:.3g} > {LOGIT_ATOL:g} (worst: {worst[1]}; "
+                 f"{checked} rows compared)")
+        return checked

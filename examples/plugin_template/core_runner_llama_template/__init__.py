@@ -1,0 +1,1 @@
+"""core-runner plugin for LlamaForCausalLM (a template for third-party plugins)."""

@@ -1,0 +1,23 @@
+"""Deliberately broken plugin variants. Each registers LlamaForCausalLM (the model of
+examples/plugin_template) with one bug, and tests/test_conformance_fixtures.py checks
+that the conformance suite reports it under the right check id. ``offsets.py`` holds
+the models and states they share; the correct state (``good_offsets``) passes the
+checks the broken ones fail."""
+from __future__ import annotations
+
+TINY = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
+    rms_norm_eps=1e-5, rope_theta=10000.0,
+)
+LLAMA = "core_runner_llama_template.model:LlamaForCausalLM"
+DEFAULT_STATE = "model_states.default:DefaultModelState"
+OFFSETS = "conformance_fixtures.offsets:"
+
+
+def register(registry, model: str, model_state: str, **capabilities: str) -> None:
+    caps = {"chunked_prefill": "supported", "async_scheduling": "supported", **capabilities}
+    registry.add(
+        architecture="LlamaForCausalLM", model=model, model_state=model_state, capabilities=caps,
+        reference="transformers:LlamaForCausalLM", examples=[{"name": "tiny", "config": dict(TINY)}],
+    )

@@ -1,0 +1,9 @@
+"""Broken: a dummy run zeroes the ModelState's per-row offsets (CR-STATE-02)."""
+from core_runner import hookimpl
+
+from conformance_fixtures import OFFSETS, register
+
+
+@hookimpl
+def register_models(registry):
+    register(registry, OFFSETS + "QueryPositionsFromState", OFFSETS + "DummyWritesState")

@@ -1,0 +1,9 @@
+"""Control: per-row state kept correctly (offsets.RowOffsetState). Passes what the broken variants fail."""
+from core_runner import hookimpl
+
+from conformance_fixtures import OFFSETS, register
+
+
+@hookimpl
+def register_models(registry):
+    register(registry, OFFSETS + "QueryPositionsFromState", OFFSETS + "RowOffsetState")

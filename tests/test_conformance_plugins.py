@@ -1,0 +1,126 @@
+"""CI: the conformance suite against every installed plugin (the built-in ones and
+examples/plugin_template), each through the command a plugin author runs:
+``core-runner conformance <name> --tier cpu --json report.json``.
+
+The runs are separate processes. They start when this module is collected, one at a
+time in the background, so they overlap the rest of the test session on a second core;
+once a test here waits for its result, two run at a time (each uses one torch thread).
+Any still running when the interpreter exits are killed."""
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from importlib.metadata import entry_points
+from pathlib import Path
+
+import pytest
+
+import core_runner
+
+PLUGINS = sorted(ep.name for ep in entry_points(group="core_runner"))
+ALLOWED_NOT_RUN = ("not run: no GPU", "not run: tier cpu", "not run: this suite version checks task 'generate'",
+                   "not run: the engine refuses prefix caching")
+TIMEOUT_S = 1500
+
+
+class _Runs:
+    """Runs ``core-runner conformance`` for each plugin, ``limit`` processes at a time."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.dir = tempfile.TemporaryDirectory(prefix="cr-conformance-ci-")
+        self.pending = list(names)
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.started: dict[str, float] = {}
+        self.limit = 1
+        self.cond = threading.Condition()
+        atexit.register(self.stop)
+        threading.Thread(target=self._loop, daemon=True).start()
+
+    def _start(self, name: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("CORE_RUNNER_PLUGINS", "CORE_RUNNER_STRICT")}
+        with open(Path(self.dir.name) / f"{name}.log", "w") as log:
+            self.procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "core_runner.cli", "conformance", name, "--tier", "cpu",
+                 "--json", str(Path(self.dir.name) / f"{name}.json")],
+                stdout=log, stderr=subprocess.STDOUT, env=env,
+            )
+        self.started[name] = time.monotonic()
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                running = [n for n, p in self.procs.items() if p.poll() is None]
+                while self.pending and len(running) < self.limit:
+                    name = self.pending.pop(0)
+                    self._start(name)
+                    running.append(name)
+                self.cond.notify_all()
+                if not self.pending and not running:
+                    return
+                self.cond.wait(timeout=0.5)
+
+    def result(self, name: str) -> tuple[int | None, str, dict | None]:
+        with self.cond:
+            self.limit = 2
+            if name in self.pending:  # the one a test waits for goes first
+                self.pending.remove(name)
+                self.pending.insert(0, name)
+            self.cond.notify_all()
+            deadline = time.monotonic() + TIMEOUT_S
+            while name not in self.procs or self.procs[name].poll() is None:
+                if time.monotonic() > deadline:
+                    if name in self.procs:
+                        self.procs[name].kill()
+                    break
+                self.cond.wait(timeout=0.5)
+        out_dir = Path(self.dir.name)
+        log = (out_dir / f"{name}.log").read_text() if (out_dir / f"{name}.log").is_file() else ""
+        report = out_dir / f"{name}.json"
+        data = json.loads(report.read_text()) if report.is_file() else None
+        return self.procs[name].returncode if name in self.procs else None, log[-8000:], data
+
+    def stop(self) -> None:
+        with self.cond:
+            self.pending.clear()
+            for p in self.procs.values():
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        self.dir.cleanup()
+
+
+RUNS = _Runs(PLUGINS)
+
+
+def test_template_and_builtin_plugins_are_installed():
+    missing = {"llama_template", "qwen3"} - set(PLUGINS)
+    assert not missing, f"plugins {sorted(missing)} are not installed: pip install -r requirements-dev.txt"
+
+
+@pytest.mark.parametrize("name", PLUGINS)
+def test_plugin_passes_the_conformance_suite(name):
+    rc, output, report = RUNS.result(name)
+    assert report is not None, f"core-runner conformance {name} wrote no report (exit {rc}):\n{output}"
+    assert rc == 0 and report["outcome"] == "passed", \
+        f"core-runner conformance {name} failed: {report['failing']}\n{output}"
+    versions = report["versions"]
+    assert versions["suite"] == core_runner.__version__ and versions["core"]
+    assert versions["plugin"]["entry_point"] == name and versions["plugin"]["version"]
+    assert versions["torch"] and versions["transformers"]
+    assert report["checks"] and report["architectures"]
+    for c in report["checks"]:
+        assert c["outcome"] == "passed" or c["outcome"].startswith(ALLOWED_NOT_RUN), (c["name"], c["outcome"])
+    generate_archs = {c["architecture"] for c in report["checks"] if c["id"] == "CR-EQ-01" and c["outcome"] == "passed"}
+    want = {"supported": "supported", "unsupported": "unsupported (refused at config time)",
+            "xfail": "xfail (fails as declared)"}
+    for arch, caps in report["capabilities"].items():
+        for cap, row in caps.items():
+            # the capabilities the CPU can check: declared == observed
+            if arch in generate_archs and cap in ("chunked_prefill", "async_scheduling"):
+                assert row["observed"] == want[row["declared"]], (arch, cap, row)
