@@ -23,7 +23,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 >
 } >"$LOG/env.log" 2>&1
 cat "$LOG/env.log"
 if [ "$TESTS" = 1 ]; then
-  timeout 240 python3 -m pytest -q -x -o faulthandler_timeout=100 --durations=8 -m gpu tests/kernels tests/test_gpu_runner.py \
+  timeout 240 python3 -m pytest -q -o faulthandler_timeout=100 --durations=8 -m gpu tests \
     2>&1 | tee "$LOG/gpu_tests.log" | tail -25
 fi
 if [ "$QUICK" = 1 ]; then

@@ -2,8 +2,9 @@
 examples/plugin_template), each through the command a plugin author runs:
 ``core-runner conformance <name> --tier cpu --json report.json``.
 
-The runs are separate processes. They start when this module is collected, one at a
-time in the background, so they overlap the rest of the test session on a second core;
+The runs are separate processes. They start once collection is over if any test of this
+module is selected (tests/conftest.py calls ``start_runs``), one at a time in the
+background, so they overlap the rest of the test session on a second core;
 once a test here waits for its result, two run at a time (each uses one torch thread).
 Any still running when the interpreter exits are killed."""
 from __future__ import annotations
@@ -95,7 +96,14 @@ class _Runs:
         self.dir.cleanup()
 
 
-RUNS = _Runs(PLUGINS)
+RUNS: _Runs | None = None
+
+
+def start_runs() -> _Runs:
+    global RUNS
+    if RUNS is None:
+        RUNS = _Runs(PLUGINS)
+    return RUNS
 
 
 def test_template_and_builtin_plugins_are_installed():
@@ -105,7 +113,7 @@ def test_template_and_builtin_plugins_are_installed():
 
 @pytest.mark.parametrize("name", PLUGINS)
 def test_plugin_passes_the_conformance_suite(name):
-    rc, output, report = RUNS.result(name)
+    rc, output, report = start_runs().result(name)
     assert report is not None, f"core-runner conformance {name} wrote no report (exit {rc}):\n{output}"
     assert rc == 0 and report["outcome"] == "passed", \
         f"core-runner conformance {name} failed: {report['failing']}\n{output}"
