@@ -16,6 +16,14 @@ TINY = dict(
 )
 
 
+TINY_MOE = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+    rms_norm_eps=1e-6, rope_theta=10000.0, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+    decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=False, initializer_range=0.12,
+)
+
+
 @hookimpl
 def register_models(registry):
     registry.add(
@@ -29,18 +37,6 @@ def register_models(registry):
             {"name": "tiny-tied", "config": {**TINY, "tie_word_embeddings": True, "num_key_value_heads": 4}},
         ],
     )
-
-
-TINY_MOE = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-    rms_norm_eps=1e-6, rope_theta=10000.0, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
-    decoder_sparse_step=1, mlp_only_layers=[1], tie_word_embeddings=False, initializer_range=0.12,
-)
-
-
-@hookimpl(specname="register_models")
-def register_moe_models(registry):
     registry.add(
         architecture="Qwen3MoeForCausalLM",
         model="core_runner_qwen3.model_moe:Qwen3MoeForCausalLM",
