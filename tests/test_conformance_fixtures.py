@@ -52,7 +52,9 @@ def test_state_machine_finds_a_stale_row_and_prints_the_steps():
     report = _suite("stale_row", ["CR-STATE-06"])
     machine = _by_id(report)["CR-STATE-06"]
     assert machine["outcome"] == "failed"
-    assert "Falsifying example" in machine["message"] and "state.add(" in machine["message"]
+    msg = machine["message"]
+    # Hypothesis < 6.16x says "Falsifying example", newer versions "Failing test case"
+    assert ("Falsifying example" in msg or "Failing test case" in msg) and "state.add(" in msg
 
 
 def test_correct_variant_of_the_same_state_passes():

@@ -216,7 +216,7 @@ class ConformanceSession:
         if rec["outcome"] in (None, "passed") or outcome in ("failed", "error"):
             rec["outcome"] = outcome
             if outcome in ("failed", "error", "xpassed (strict xfail: fails the run)"):
-                rec["message"] = report.longreprtext[-3000:]
+                rec["message"] = _failure_message(report)
         m = self.metrics.get(report.nodeid)
         if m is not None:
             rec["max_logit_error"] = m["max_logit_error"]
@@ -248,6 +248,19 @@ class ConformanceSession:
             terminalreporter.write_line(line)
         if self.json_path:
             terminalreporter.write_line(f"report: {self.json_path}")
+
+
+def _failure_message(report: pytest.TestReport) -> str:
+    """The end of the failure text, plus Hypothesis' minimal failing example wherever it
+    sits (a long traceback can push it out of the tail)."""
+    text = report.longreprtext
+    for _, content in report.sections:
+        text += "\n" + content
+    # the header Hypothesis prints before the minimal steps (it changed wording across versions)
+    i = max(text.find("Falsifying example"), text.find("Failing test case"))
+    if i < 0 or i >= len(text) - 3000:
+        return text[-3000:]
+    return text[i: i + 2500] + "\n...\n" + text[-1500:]
 
 
 def _record(case: Case) -> dict:
