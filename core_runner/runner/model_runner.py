@@ -168,10 +168,10 @@ class ModelRunner:
     def _run(self, batch: InputBatch) -> AsyncOutput:
         hidden = self._forward(batch)
         n = batch.num_reqs
+        num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
         if not self.generates:
             pooled = [] if batch.is_dummy else self.model_state.pool(hidden, batch)
             if not batch.is_dummy:  # advance num_computed as post-update does: a next chunk reads it
-                num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
                 self.req_state.tables()["num_computed"].index_add_(0, batch.idx_mapping[:n].long(), num_sched)
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, [], pooled))
         # 8. logits of the real rows, sampling, logprobs
@@ -186,7 +186,6 @@ class ModelRunner:
         prompt = self.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, tables["token_ids"])
         # 9. post-update on the device, 10. family post-processing, async copy-out
         idx = batch.idx_mapping[:n]
-        num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
         post_args = (idx, num_sched, sampled, tables["num_computed"], tables["num_tokens"], tables["token_ids"])
         if self.triton:
             from core_runner.kernels.input_prep_triton import post_update_triton

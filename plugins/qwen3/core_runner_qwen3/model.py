@@ -1,7 +1,7 @@
 """Qwen3ForCausalLM from core_runner.layers: GQA with per-head q/k RMSNorm before RoPE."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -51,10 +51,12 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """Pre-norm attention + MLP block; ``mlp`` lets a variant (MoE) swap the MLP."""
+
+    def __init__(self, config: Any, mlp: nn.Module | None = None) -> None:
         super().__init__()
         self.self_attn = Qwen3Attention(config)
-        self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
+        self.mlp = mlp if mlp is not None else Qwen3MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -72,10 +74,11 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, config: Any) -> None:
+    def __init__(self, config: Any, make_layer: Callable[[Any, int], nn.Module] | None = None) -> None:
         super().__init__()
+        make_layer = make_layer or (lambda cfg, _i: Qwen3DecoderLayer(cfg))
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(make_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

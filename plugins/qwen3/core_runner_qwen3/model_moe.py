@@ -11,10 +11,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from core_runner.layers import LMHead, Linear, RMSNorm, VocabEmbedding
+from core_runner.layers import LMHead, Linear
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.moe_routing import softmax_topk
-from core_runner_qwen3.model import Qwen3Attention, Qwen3MLP
+from core_runner_qwen3.model import Qwen3DecoderLayer, Qwen3Model
 
 
 class Qwen3MoeSparseBlock(nn.Module):
@@ -36,42 +36,9 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
             and config.num_experts > 0 and (layer_idx + 1) % step == 0)
 
 
-class Qwen3MoeDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int) -> None:
-        super().__init__()
-        self.self_attn = Qwen3Attention(config)
-        if is_sparse_layer(config, layer_idx):
-            self.mlp = Qwen3MoeSparseBlock(config)
-        else:
-            self.mlp = Qwen3MLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-
-class Qwen3MoeModel(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Qwen3MoeDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        x, _ = self.norm(x, residual)
-        return x
+def moe_decoder_layer(config: Any, layer_idx: int) -> Qwen3DecoderLayer:
+    """A Qwen3 decoder layer whose MLP is sparse where the config says so."""
+    return Qwen3DecoderLayer(config, Qwen3MoeSparseBlock(config) if is_sparse_layer(config, layer_idx) else None)
 
 
 class Qwen3MoeForCausalLM(nn.Module):
@@ -81,7 +48,7 @@ class Qwen3MoeForCausalLM(nn.Module):
             raise ValueError("use_sliding_window=True is not supported by core-runner-qwen3")
         if (getattr(config, "hidden_act", "silu") or "silu") != "silu":
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
-        self.model = Qwen3MoeModel(config)
+        self.model = Qwen3Model(config, moe_decoder_layer)
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
         # per-expert tensors first (first match wins), then the attention and dense MLPs
