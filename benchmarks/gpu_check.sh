@@ -1,33 +1,76 @@
 #!/usr/bin/env bash
-# Run every GPU check and the benchmarks in one go; logs go to the folder given.
-#   benchmarks/gpu_check.sh LOGDIR [--quick] [--peer W1 ...] [--no-tests]
+# Run the GPU checks and benchmarks in one go; logs and JSON results go to LOGDIR.
+#   benchmarks/gpu_check.sh LOGDIR [STAGE ...] [--quick] [--peer W1 W2] [--family-peer]
+# Stages (default: all, in this order):
+#   tests     every gpu-marked test plus tests/kernels on the GPU        -> tests.log
+#   sampler   core-runner bench --sampler                               -> sampler.json
+#   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
+#   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
+#   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
+#   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
+# Everything printed also goes to bench.log; at most 8 files come back from the device.
 set -uo pipefail
-LOG=${1:?usage: gpu_check.sh LOGDIR [--quick] [--peer W1 W2] [--no-tests]}
+LOG=${1:?usage: gpu_check.sh LOGDIR [STAGE ...] [--quick] [--peer W1 W2] [--family-peer]}
 shift
-QUICK=0; TESTS=1; PEER=()
+QUICK=0; PEER=(); FPEER=0; STAGES=()
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) QUICK=1;;
-    --no-tests) TESTS=0;;
+    --family-peer) FPEER=1;;
     --peer) PEER=(--peer); shift; while [ $# -gt 0 ] && [[ $1 != --* ]]; do PEER+=("$1"); shift; done; continue;;
+    *) STAGES+=("$1");;
   esac
   shift
 done
+[ ${#STAGES[@]} -eq 0 ] && STAGES=(tests sampler qwen granite deepseek embed)
 mkdir -p "$LOG"
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD:$PWD/plugins/qwen3${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-build-isolation -e . -e plugins/qwen3 >"$LOG/install.log" 2>&1 \
-  || echo "editable install failed (see install.log); using PYTHONPATH"
+ROOT=$PWD
+PP=$ROOT
+for p in plugins/*/; do PP=$PP:$ROOT/${p%/}; done
+export PYTHONPATH=$PP${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+pipargs=(-e .); for p in plugins/*/; do pipargs+=(-e "${p%/}"); done
+python3 -m pip install -q --no-deps --no-build-isolation "${pipargs[@]}" >"$LOG/env.log" 2>&1 \
+  || echo "editable install failed (see env.log); using PYTHONPATH"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)"
-} >"$LOG/env.log" 2>&1
-cat "$LOG/env.log"
-if [ "$TESTS" = 1 ]; then
-  timeout 240 python3 -m pytest -q -o faulthandler_timeout=100 --durations=8 -m gpu tests \
-    2>&1 | tee "$LOG/gpu_tests.log" | tail -25
-fi
-if [ "$QUICK" = 1 ]; then
-  timeout 200 python3 -m core_runner.cli bench --workload W1 W2 --num-requests 64 --json "$LOG/bench_quick.json" 2>&1 | tee "$LOG/bench.log" | tail -30
-else
-  timeout 420 python3 -m core_runner.cli bench --workload W1 W2 --profile-steps 20 "${PEER[@]}" --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log" | grep -v Warning | tail -40
-fi
+  python3 -m core_runner.cli plugins | grep -v '^    '
+} >>"$LOG/env.log" 2>&1
+tail -6 "$LOG/env.log"
+N=(); [ "$QUICK" = 1 ] && N=(--num-requests 64)
+CKPT=/tmp/cr_ckpt; mkdir -p $CKPT
+say() { echo "=== $* ($(date +%T))" | tee -a "$LOG/bench.log"; }
+for s in "${STAGES[@]}"; do
+  case $s in
+    tests)
+      say tests
+      timeout 300 python3 -m pytest -q -o faulthandler_timeout=120 --durations=10 -p no:cacheprovider \
+        -m "gpu or not gpu" tests/kernels tests/test_gpu_runner.py tests/test_pooling_gpu.py \
+        $(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_gpu_runner -e test_pooling_gpu) \
+        2>&1 | tee "$LOG/tests.log" | grep -v -i warning | tail -40;;
+    sampler)
+      say sampler
+      timeout 120 python3 -m core_runner.cli bench --sampler --json "$LOG/sampler.json" 2>&1 | tee -a "$LOG/bench.log" | tail -15;;
+    qwen)
+      say qwen W1 W2 "${PEER[@]}"
+      timeout 480 python3 -m core_runner.cli bench --workload W1 W2 --profile-steps 20 "${N[@]}" "${PEER[@]}" \
+        --json "$LOG/qwen.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -40;;
+    granite)
+      say granite
+      FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1)
+      timeout 120 python3 -m core_runner_granite_hybrid.bench $CKPT/granite 2>&1 | tail -2
+      timeout 400 python3 -m core_runner.cli bench --model $CKPT/granite --workload W1 "${N[@]}" "${FP[@]}" \
+        --json "$LOG/granite.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -25;;
+    deepseek)
+      say deepseek
+      FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 W2)
+      timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
+      timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W1 W2 "${N[@]}" "${FP[@]}" \
+        --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    embed)
+      say embed
+      timeout 200 python3 -m core_runner.cli bench --embed --model .minilm16 --json "$LOG/embed.json" \
+        2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -15;;
+    *) echo "unknown stage $s";;
+  esac
+done
