@@ -73,13 +73,16 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     outs, steps, prof, idle = [], 0, None, {}
     # profile decode steps well after the prefill wave
     prof_at = max(s for s in (len(workload) // 4 + 50, 10))
+    step_s = []
     while eng.has_unfinished_requests():
         if profile_steps and steps == prof_at:
             prof = _start_profile()
+        t0 = time.perf_counter()
         outs += eng.step()
+        step_s.append(time.perf_counter() - t0)
         steps += 1
         if prof is not None and steps == prof_at + profile_steps:
-            idle = _stop_profile(prof)
+            idle = _stop_profile(prof, profile_steps)
             prof = None
     if eng.runner.device.type == "cuda":
         torch.cuda.synchronize()
@@ -95,6 +98,8 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "tpot_p50_ms": 1e3 * percentile(tpot, 50), "tpot_p99_ms": 1e3 * percentile(tpot, 99),
         "preemptions": eng.scheduler.num_preemptions,
+        "step_ms_p50": 1e3 * percentile(step_s, 50), "step_ms_p99": 1e3 * percentile(step_s, 99),
+        "step_ms_max": 1e3 * max(step_s),
     }
     if eng.runner.device.type == "cuda":
         res["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -110,12 +115,21 @@ def _start_profile():
     return prof
 
 
-def _stop_profile(prof) -> dict:
-    """GPU idle share over the profiled steps: 1 - (union of kernel intervals / span)."""
+def _stop_profile(prof, num_steps: int = 1) -> dict:
+    """GPU idle share over the profiled steps (1 - union of kernel intervals / span) and
+    the kernels that took the most device time, in microseconds per step."""
     torch.cuda.synchronize()
     prof.__exit__(None, None, None)
-    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
-                   if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)
+    cuda = [e for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in cuda)
+    per_name: dict[str, list[float]] = {}
+    for e in cuda:
+        acc = per_name.setdefault(e.name[:90], [0.0, 0])
+        acc[0] += e.time_range.end - e.time_range.start
+        acc[1] += 1
+    top = sorted(per_name.items(), key=lambda kv: -kv[1][0])[:15]
+    kernels = [{"name": k, "us_per_step": v[0] / num_steps, "calls_per_step": v[1] / num_steps} for k, v in top]
     if not spans:
         return {"gpu_idle_frac": float("nan")}
     busy, cur_s, cur_e = 0.0, *spans[0]
@@ -127,7 +141,8 @@ def _stop_profile(prof) -> dict:
             cur_e = max(cur_e, e)
     busy += cur_e - cur_s
     span = spans[-1][1] - spans[0][0]
-    return {"gpu_idle_frac": 1 - busy / span, "profiled_span_ms": span / 1e3}
+    return {"gpu_idle_frac": 1 - busy / span, "profiled_span_ms": span / 1e3, "top_kernels": kernels,
+            "gpu_busy_ms_per_step": busy / 1e3 / num_steps}
 
 
 def run_peer(model: str, workload_name: str, num_requests: int | None, device: str, timeout: int) -> dict:
@@ -198,8 +213,14 @@ def format_result(name: str, r: dict) -> str:
     if "roofline_tok_s" in r:
         lines.append(f"  roofline {r['roofline_tok_s']:,.0f} tok/s (copy bw {r['copy_bw_gb_s']:.0f} GB/s): "
                      f"ratio {r['ratio_to_roofline']:.2f}")
+    if "step_ms_p50" in r:
+        lines.append(f"  step wall time p50 {r['step_ms_p50']:.2f} ms p99 {r['step_ms_p99']:.2f} ms "
+                     f"max {r['step_ms_max']:.1f} ms")
     if "gpu_idle_frac" in r:
-        lines.append(f"  GPU idle over profiled decode steps: {100 * r['gpu_idle_frac']:.1f}%")
+        lines.append(f"  GPU idle over profiled decode steps: {100 * r['gpu_idle_frac']:.1f}% "
+                     f"(busy {r.get('gpu_busy_ms_per_step', float('nan')):.2f} ms/step)")
+        for k in r.get("top_kernels", [])[:10]:
+            lines.append(f"    {k['us_per_step']:8.1f} us/step x{k['calls_per_step']:5.1f}  {k['name']}")
     if "peer" in r:
         p = r["peer"]
         if p.get("output_tok_s"):
