@@ -7,6 +7,7 @@
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
+#   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
 # Everything printed also goes to bench.log; at most 8 files come back from the device.
 set -uo pipefail
@@ -27,9 +28,9 @@ mkdir -p "$LOG"
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PP=$ROOT
-for p in plugins/*/; do PP=$PP:$ROOT/${p%/}; done
+for p in plugins/*/ examples/plugin_template/; do PP=$PP:$ROOT/${p%/}; done
 export PYTHONPATH=$PP${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-pipargs=(-e .); for p in plugins/*/; do pipargs+=(-e "${p%/}"); done
+pipargs=(-e . -e examples/plugin_template); for p in plugins/*/; do pipargs+=(-e "${p%/}"); done
 python3 -m pip install -q --no-deps --no-build-isolation "${pipargs[@]}" >"$LOG/env.log" 2>&1 \
   || echo "editable install failed (see env.log); using PYTHONPATH"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -71,6 +72,12 @@ for s in "${STAGES[@]}"; do
       say embed
       timeout 200 python3 -m core_runner.cli bench --embed --model .minilm16 --json "$LOG/embed.json" \
         2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -15;;
+    conformance)
+      say conformance GPU checks
+      for ep in qwen3 granite_hybrid deepseek llama_template pooling; do
+        timeout 150 python3 -m core_runner.cli conformance $ep --tier gpu --checks CR-EQ-06,CR-EQ-08 -v 2>&1 \
+          | grep -E "CR-|passed|failed|error" | tail -12 | tee -a "$LOG/bench.log"
+      done;;
     *) echo "unknown stage $s";;
   esac
 done

@@ -72,14 +72,18 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
                         req_id=f"b{i}")
     outs, steps, prof, idle = [], 0, None, {}
     # profile decode steps well after the prefill wave
-    prof_at = max(s for s in (len(workload) // 4 + 50, 10))
-    step_s = []
+    prof_at = 100 if len(workload) >= 64 else 10
+    step_s, slow = [], []
     while eng.has_unfinished_requests():
         if profile_steps and steps == prof_at:
             prof = _start_profile()
         t0 = time.perf_counter()
         outs += eng.step()
         step_s.append(time.perf_counter() - t0)
+        if step_s[-1] > 0.1 and len(slow) < 10:  # JIT compiles or stalls inside the clock
+            last = eng._in_flight[-1][0] if eng._in_flight else None
+            slow.append({"step": steps, "ms": 1e3 * step_s[-1], "reqs": len(last.num_scheduled_tokens) if last else 0,
+                         "tokens": sum(last.num_scheduled_tokens.values()) if last else 0})
         steps += 1
         if prof is not None and steps == prof_at + profile_steps:
             idle = _stop_profile(prof, profile_steps)
@@ -99,7 +103,7 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
         "tpot_p50_ms": 1e3 * percentile(tpot, 50), "tpot_p99_ms": 1e3 * percentile(tpot, 99),
         "preemptions": eng.scheduler.num_preemptions,
         "step_ms_p50": 1e3 * percentile(step_s, 50), "step_ms_p99": 1e3 * percentile(step_s, 99),
-        "step_ms_max": 1e3 * max(step_s),
+        "step_ms_max": 1e3 * max(step_s), "slow_steps": slow,
     }
     if eng.runner.device.type == "cuda":
         res["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
@@ -216,6 +220,8 @@ def format_result(name: str, r: dict) -> str:
     if "step_ms_p50" in r:
         lines.append(f"  step wall time p50 {r['step_ms_p50']:.2f} ms p99 {r['step_ms_p99']:.2f} ms "
                      f"max {r['step_ms_max']:.1f} ms")
+        for st in r.get("slow_steps", [])[:5]:
+            lines.append(f"    slow step {st['step']}: {st['ms']:.0f} ms ({st['reqs']} reqs, {st['tokens']} tokens)")
     if "gpu_idle_frac" in r:
         lines.append(f"  GPU idle over profiled decode steps: {100 * r['gpu_idle_frac']:.1f}% "
                      f"(busy {r.get('gpu_busy_ms_per_step', float('nan')):.2f} ms/step)")

@@ -49,7 +49,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     return sorted_pairs, block_expert
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs"])
 def _moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, w_ptr, sorted_ptr, block_expert_ptr,
     N, K, num_pairs,

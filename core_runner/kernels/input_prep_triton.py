@@ -25,7 +25,7 @@ import triton.language as tl
 _MAX_SPLITS = 16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
 def _prepare_inputs_kernel(
     idx_ptr, qsl_ptr, computed_ptr, tok_ptr, bt_ptr,
     ids_ptr, pos_ptr, slot_ptr, seq_ptr, bt_out_ptr, logits_ptr,
@@ -220,7 +220,7 @@ _WORD_KIND = {
 }
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n"])
 def _staged_scatter_kernel(table_ptr, packed_ptr, n, table_stride, KIND: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n

@@ -25,7 +25,7 @@ _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs"])
 def _mla_kernel(
     qc_ptr, qpe_ptr, cache_ptr, out_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
     num_reqs, qk_scale,

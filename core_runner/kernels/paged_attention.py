@@ -68,7 +68,7 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_tokens", "num_reqs", "num_main"])
 def _attn_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
     qsl_ptr, seq_lens_ptr, bt_ptr,
