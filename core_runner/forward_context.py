@@ -5,9 +5,12 @@ stays free of metadata arguments.
 """
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
+
+import torch
 
 _CONTEXT: "ForwardContext | None" = None
 
@@ -33,3 +36,15 @@ def get_forward_context() -> ForwardContext:
     if _CONTEXT is None:
         raise RuntimeError("no forward context: the model was called outside ModelRunner.execute_model")
     return _CONTEXT
+
+
+def use_triton_kernels(t: torch.Tensor) -> bool:
+    """Whether a layer should run its Triton kernel on ``t``: inside a step when the
+    step's attention backend is "triton" and ``t`` is on CUDA (or on the CPU under
+    TRITON_INTERPRET=1, so the interpreter tests exercise the wiring); outside a step
+    when ``t`` is on CUDA."""
+    if _CONTEXT is None:
+        return t.is_cuda
+    if getattr(_CONTEXT.backend, "name", "torch") != "triton":
+        return False
+    return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"

@@ -3,9 +3,11 @@ weights) or any checkpoint, timing output tok/s, TTFT and TPOT, against the roof
 and, with ``--peer``, the transformers continuous-batching peer in the same call."""
 from __future__ import annotations
 
+import cProfile
 import json
 import logging
 import os
+import pstats
 import statistics
 import subprocess
 import sys
@@ -73,10 +75,17 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     outs, steps, prof, idle = [], 0, None, {}
     # profile decode steps well after the prefill wave
     prof_at = 100 if len(workload) >= 64 else 10
-    step_s, slow = [], []
+    step_s, slow, host_prof = [], [], None
     while eng.has_unfinished_requests():
         if profile_steps and steps == prof_at:
             prof = _start_profile()
+        if profile_steps and steps == prof_at + profile_steps:  # then the host side alone
+            host_prof = cProfile.Profile()
+            host_prof.enable()
+        if host_prof is not None and steps == prof_at + 2 * profile_steps:
+            host_prof.disable()
+            idle["host_top"] = _host_top(host_prof, profile_steps)
+            host_prof = None
         t0 = time.perf_counter()
         outs += eng.step()
         step_s.append(time.perf_counter() - t0)
@@ -109,6 +118,14 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
         res["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     res.update(idle)
     return res
+
+
+def _host_top(prof: "cProfile.Profile", num_steps: int, n: int = 15) -> list[dict]:
+    """The functions with the most host time of their own, in ms per step."""
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:n]  # (cc, nc, tottime, cumtime, callers)
+    return [{"func": f"{Path(k[0]).name}:{k[1]}({k[2]})", "tot_ms_per_step": 1e3 * v[2] / num_steps,
+             "cum_ms_per_step": 1e3 * v[3] / num_steps, "calls_per_step": v[1] / num_steps} for k, v in rows]
 
 
 def _start_profile():
@@ -225,6 +242,9 @@ def format_result(name: str, r: dict) -> str:
     if "gpu_idle_frac" in r:
         lines.append(f"  GPU idle over profiled decode steps: {100 * r['gpu_idle_frac']:.1f}% "
                      f"(busy {r.get('gpu_busy_ms_per_step', float('nan')):.2f} ms/step)")
+        for k in r.get("host_top", [])[:12]:
+            lines.append(f"    host {k['tot_ms_per_step']:6.2f} ms/step own, {k['cum_ms_per_step']:6.2f} cum "
+                         f"x{k['calls_per_step']:7.1f}  {k['func']}")
         for k in r.get("top_kernels", [])[:10]:
             lines.append(f"    {k['us_per_step']:8.1f} us/step x{k['calls_per_step']:5.1f}  {k['name']}")
     if "peer" in r:

@@ -1,8 +1,14 @@
-"""RMSNorm with an optional fused residual add (the add happens in the input dtype)."""
+"""RMSNorm with an optional fused residual add (the add happens in the input dtype).
+
+On the Triton path (``use_triton_kernels``) one kernel does the add and the norm of a
+2-D [T, H] or 3-D [T, heads, D] input, strided rows included; this torch code is the
+reference and the CPU path."""
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from core_runner.forward_context import use_triton_kernels
 
 
 class RMSNorm(nn.Module):
@@ -17,9 +23,21 @@ class RMSNorm(nn.Module):
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
+    @staticmethod
+    def _triton_fits(x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        if x.dim() not in (2, 3) or x.stride(-1) != 1:
+            return False
+        return residual is None or (
+            residual.shape == x.shape and residual.dtype == x.dtype and residual.stride(-1) == 1
+        )
+
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if use_triton_kernels(x) and self._triton_fits(x, residual):
+            from core_runner.kernels.rms_norm_triton import rms_norm_triton
+
+            return rms_norm_triton(x, self.weight, self.eps, residual)
         if residual is None:
             return self._norm(x)
         x = x + residual

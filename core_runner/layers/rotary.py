@@ -1,8 +1,13 @@
-"""Rotary position embedding (rotate-half layout) from a precomputed cos/sin table."""
+"""Rotary position embedding (rotate-half layout) from a precomputed cos/sin table.
+
+On the Triton path (``use_triton_kernels``) one kernel ropes q and k together; this
+torch code is the reference and the CPU path."""
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from core_runner.forward_context import use_triton_kernels
 
 
 def rope_theta_of(config: object, default: float = 10000.0) -> float:
@@ -37,5 +42,9 @@ class RotaryEmbedding(nn.Module):
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """q: [T, heads, D], k: [T, kv_heads, D], positions: [T]."""
+        if use_triton_kernels(q) and q.dim() == 3 and k.dim() == 3 and q.stride(-1) == 1 and k.stride(-1) == 1:
+            from core_runner.kernels.rotary_triton import rotary_triton
+
+            return rotary_triton(positions, q, k, self.cos_sin, self.rotary_dim)
         cos, sin = self.cos_sin[positions.long()].unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
