@@ -10,9 +10,15 @@ on the padded request count, never on token counts the host would have to read.
   the last K - 1 inputs back as the new state.
 - ``ssm_scan_varlen_triton``: the selective-scan recurrence; one program per (request,
   block of the flattened head x head-dim axis) keeps its [BLOCK_R, N] state slice in
-  registers and walks the request's tokens. For a decode row this is exactly the single-step update; for a
-  prefill chunk it is a sequential scan (correct and graph safe, but not the
-  chunk-parallel SSD formulation: long prefills are latency bound).
+  registers and walks the request's tokens. For a decode row this is exactly the
+  single-step update; for a prefill chunk it is a sequential scan (correct and graph
+  safe, but latency bound on long prefills: steps with prefill tokens use the
+  chunk-parallel ``mamba_ssd_triton.ssd_chunk_scan_varlen_triton``, which hands its
+  single-token rows back to this kernel with ``single_token_rows_only``).
+
+No integer argument of these kernels varies from call to call (sizes, strides and the
+model's dt limits are fixed per layer; the request and token counts only size the grid),
+so neither kernel needs ``do_not_specialize``: a step never triggers a recompile.
 
 Padded requests (empty query) and dummy runs (``write_state=False``) write no state.
 """
@@ -132,13 +138,17 @@ def _ssm_varlen_kernel(
     x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, state_ptr, rows_ptr, init_ptr, qsl_ptr, out_ptr,
     HP, P, N, heads_per_group, dt_min, dt_max,
     stride_xt, stride_dtt, stride_bt, stride_ct, stride_sr, stride_ot,
-    HAS_LIMIT: tl.constexpr, WRITE_STATE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_LIMIT: tl.constexpr, WRITE_STATE: tl.constexpr, SINGLE_ONLY: tl.constexpr,
+    BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # one program: BLOCK_R rows of the flattened (head, head_dim) axis x all N state columns
     i = tl.program_id(0)
     rb = tl.program_id(1)
     start = tl.load(qsl_ptr + i).to(tl.int64)
     end = tl.load(qsl_ptr + i + 1).to(tl.int64)
+    if SINGLE_ONLY:
+        if end - start != 1:  # multi-token requests are the chunked scan's (mamba_ssd_triton.py)
+            return
     row = tl.load(rows_ptr + i).to(tl.int64)
     init = tl.load(init_ptr + i).to(tl.int32)
     r = rb * BLOCK_R + tl.arange(0, BLOCK_R)  # flattened h * P + p
@@ -178,10 +188,12 @@ def ssm_scan_varlen_triton(
     dt_bias: torch.Tensor, ssm_state: torch.Tensor, state_rows: torch.Tensor, has_init: torch.Tensor,
     query_start_loc: torch.Tensor, *, num_heads: int, head_dim: int, n_groups: int, d_state: int,
     dt_limit: tuple[float, float] = (0.0, float("inf")), write_state: bool = True,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, single_token_rows_only: bool = False,
 ) -> torch.Tensor:
     """x [T, H*P], dt [T, H], B/C [T, G*N] (row strides free, inner stride 1), A/D/dt_bias
-    [H], ssm_state [rows, H, P, N]. Returns y [T, H, P] float32 (padding tokens zero)."""
+    [H], ssm_state [rows, H, P, N]. Returns y [T, H, P] float32 (padding tokens zero).
+    ``single_token_rows_only``: leave requests of more than one token alone (their
+    outputs and state), for the chunked scan to take them."""
     T = x.shape[0]
     for t in (x, dt, B, C):
         assert t.stride(-1) == 1
@@ -204,6 +216,7 @@ def ssm_scan_varlen_triton(
         x, dt, A, B, C, D, dt_bias, ssm_state, state_rows, _as_u8(has_init), query_start_loc, out,
         HP, head_dim, d_state, num_heads // n_groups, float(lo), float(hi) if has_limit else 0.0,
         x.stride(0), dt.stride(0), B.stride(0), C.stride(0), ssm_state.stride(0), out.stride(0),
-        HAS_LIMIT=has_limit, WRITE_STATE=write_state, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
+        HAS_LIMIT=has_limit, WRITE_STATE=write_state, SINGLE_ONLY=single_token_rows_only,
+        BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
     )
     return out

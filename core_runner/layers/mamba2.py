@@ -15,11 +15,13 @@ What it needs per step comes from the forward context, ``attn_metadata.extra["ma
 - ``query_start_loc`` / ``query_start_loc_cpu``,
 - ``write_state``: False for dummy runs, which must leave every row untouched.
 
-With the Triton backend the conv and scan run as Triton kernels (graph safe); otherwise
+With the Triton backend the conv and scan run as Triton kernels (graph safe; steps with
+prefill tokens use the chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise
 the torch references in ``core_runner.kernels.mamba_ref`` run one request at a time.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -122,6 +124,7 @@ class Mamba2Mixer(nn.Module):
         weight = self.conv1d.weight.view(self.conv_dim, self.d_conv)
         gn = self.n_groups * self.d_state
         if getattr(ctx.backend, "name", "") == "triton":
+            from core_runner.kernels.mamba_ssd_triton import ssd_chunk_scan_varlen_triton
             from core_runner.kernels.mamba_triton import causal_conv1d_varlen_triton, ssm_scan_varlen_triton
 
             conv_out = causal_conv1d_varlen_triton(
@@ -129,7 +132,15 @@ class Mamba2Mixer(nn.Module):
                 meta["query_start_loc"], self.activation, write_state=meta["write_state"],
             )
             x, B, C = conv_out.split([self.d_inner, gn, gn], dim=-1)
-            y = ssm_scan_varlen_triton(
+            # max_query_len is a host-side bound (1 for decode steps and decode graphs, the
+            # padded token count for mixed graphs): prefill steps take the chunked scan
+            # (which still gives single-token rows the one-step update), decode steps the
+            # one-step update alone
+            if ctx.attn_metadata.max_query_len > 1:
+                scan = functools.partial(ssd_chunk_scan_varlen_triton, chunk_size=self.chunk_size)
+            else:
+                scan = ssm_scan_varlen_triton
+            y = scan(
                 x, dt, A, B, C, self.D, self.dt_bias, ssm_state, meta["state_rows"], meta["has_initial_state"],
                 meta["query_start_loc"], num_heads=self.num_heads, head_dim=self.head_dim,
                 n_groups=self.n_groups, d_state=self.d_state, dt_limit=self.dt_limit,

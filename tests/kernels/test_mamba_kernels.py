@@ -1,5 +1,5 @@
 """Mamba2 kernels: the chunked torch scan against the token-by-token recurrence, and the
-Triton conv / scan kernels against the torch references over ragged batches (decode
+Triton conv / scan kernels (recurrence and chunked SSD scan) against the torch references over ragged batches (decode
 rows, fresh prefills, continued chunks, padded requests, dummy runs)."""
 from __future__ import annotations
 
@@ -109,7 +109,9 @@ def _run_ref(b, p, write_state=True, chunk=4):
     return y, conv, ssm
 
 
-def _run_triton(b, p, device, write_state=True):
+def _run_triton(b, p, device, write_state=True, scan="seq"):
+    """scan: "seq" (the recurrence kernel) or "ssd" (the chunked scan, chunks of 4)."""
+    from core_runner.kernels.mamba_ssd_triton import ssd_chunk_scan_varlen_triton
     from core_runner.kernels.mamba_triton import causal_conv1d_varlen_triton, ssm_scan_varlen_triton
 
     to = dict(device=device)
@@ -125,9 +127,10 @@ def _run_triton(b, p, device, write_state=True):
     out = causal_conv1d_varlen_triton(xbc, p["weight"].to(**to), p["bias"].to(**to), conv, rows, init, qsl,
                                       write_state=write_state)
     x, B, C = out.split([D_INNER, G * N, G * N], dim=-1)
-    y = ssm_scan_varlen_triton(
+    kw = dict(chunk_size=4) if scan == "ssd" else {}
+    y = (ssd_chunk_scan_varlen_triton if scan == "ssd" else ssm_scan_varlen_triton)(
         x, dt, p["A"].to(**to), B, C, p["D"].to(**to), p["dt_bias"].to(**to), ssm, rows, init, qsl,
-        num_heads=H, head_dim=P, n_groups=G, d_state=N, write_state=write_state,
+        num_heads=H, head_dim=P, n_groups=G, d_state=N, write_state=write_state, **kw,
     )
     return y.cpu(), conv.cpu(), ssm.cpu()
 
@@ -142,13 +145,14 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("scan", ["seq", "ssd"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_triton_conv_and_scan_match_reference(device, case):
+def test_triton_conv_and_scan_match_reference(device, case, scan):
     g = torch.Generator().manual_seed(len(case))
     p = _params(g)
     b = _batch(device, num_rows=7, gen=g, **CASES[case])
     y_ref, conv_ref, ssm_ref = _run_ref(b, p)
-    y, conv, ssm = _run_triton(b, p, device)
+    y, conv, ssm = _run_triton(b, p, device, scan=scan)
     T_real = b["qsl"][-1]
     torch.testing.assert_close(y[:T_real], y_ref[:T_real], atol=2e-5, rtol=1e-5)
     assert torch.count_nonzero(y[T_real:]) == 0 and torch.count_nonzero(y_ref[T_real:]) == 0
@@ -161,19 +165,22 @@ def test_triton_conv_and_scan_match_reference(device, case):
             assert torch.equal(conv[r], b["conv_state"][r]) and torch.equal(ssm[r], b["ssm_state"][r]), r
 
 
-def test_triton_dummy_run_writes_no_state(device):
+@pytest.mark.parametrize("scan", ["seq", "ssd"])
+def test_triton_dummy_run_writes_no_state(device, scan):
     g = torch.Generator().manual_seed(9)
     p = _params(g)
     b = _batch(device, q_lens=[3, 4], has_init=[False, False], rows=[6, 6], num_rows=7, gen=g, pad_tokens=2)
-    y, conv, ssm = _run_triton(b, p, device, write_state=False)
+    y, conv, ssm = _run_triton(b, p, device, write_state=False, scan=scan)
     y_ref, _, _ = _run_ref(b, p, write_state=False)
     torch.testing.assert_close(y, y_ref, atol=2e-5, rtol=1e-5)
     assert torch.equal(conv, b["conv_state"]) and torch.equal(ssm, b["ssm_state"])
 
 
-def test_triton_decode_loop_matches_chunked_prefill(device):
-    """Prefill 10 tokens in Triton, then 5 single-token steps: equals one reference
-    chunked scan over all 15 tokens."""
+@pytest.mark.parametrize("prefill_scan", ["seq", "ssd"])
+def test_triton_decode_loop_matches_chunked_prefill(device, prefill_scan):
+    """Prefill 10 tokens in Triton, then 5 single-token steps (the layer's dispatch: the
+    chunked scan when the step has prefill tokens, else the recurrence): equals one
+    reference chunked scan over all 15 tokens."""
     g = torch.Generator().manual_seed(11)
     p = _params(g)
     L = 15
@@ -183,7 +190,7 @@ def test_triton_decode_loop_matches_chunked_prefill(device):
     ys = []
     for s, e in [(0, 10)] + [(t, t + 1) for t in range(10, L)]:
         step = dict(state, xbc=full["xbc"][s:e], dt=full["dt"][s:e], qsl=[0, e - s], has_init=[s > 0])
-        y, conv, ssm = _run_triton(step, p, device)
+        y, conv, ssm = _run_triton(step, p, device, scan=prefill_scan if e - s > 1 else "seq")
         ys.append(y)
         state["conv_state"], state["ssm_state"] = conv, ssm
     torch.testing.assert_close(torch.cat(ys), y_ref, atol=3e-5, rtol=1e-5)
