@@ -45,9 +45,10 @@ for s in "${STAGES[@]}"; do
   case $s in
     tests)
       say tests
+      # GPU_TESTS (env) narrows the run to some test paths
+      paths=${GPU_TESTS:-"tests/kernels tests/test_gpu_runner.py tests/test_pooling_gpu.py $(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_gpu_runner -e test_pooling_gpu)"}
       timeout 300 python3 -m pytest -q -o faulthandler_timeout=120 --durations=10 -p no:cacheprovider \
-        -m "gpu or not gpu" tests/kernels tests/test_gpu_runner.py tests/test_pooling_gpu.py \
-        $(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_gpu_runner -e test_pooling_gpu) \
+        -m "gpu or not gpu" $paths \
         2>&1 | tee "$LOG/tests.log" | grep -v -i warning | tail -40;;
     sampler)
       say sampler
@@ -68,6 +69,10 @@ for s in "${STAGES[@]}"; do
       timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
       timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W1 W2 "${N[@]}" "${FP[@]}" \
         --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    embedprof)
+      say embed host profile
+      timeout 120 python3 -m cProfile -s tottime -m core_runner.cli bench --embed --model .minilm16 --num-requests 2048 \
+        2>&1 | grep -v Warning | head -45 | tee -a "$LOG/bench.log";;
     embed)
       say embed
       timeout 200 python3 -m core_runner.cli bench --embed --model .minilm16 --json "$LOG/embed.json" \

@@ -2,76 +2,166 @@
 ``core_runner.sample.sampler.gumbel_sample_ref``, drawing the very numbers of
 ``core_runner.sample.rng``).
 
-One program per request streams its logits row in tiles, scales it by the inverse
-temperature, drops the tokens below the row's top-k/top-p/min-p threshold (if any),
-adds Gumbel noise made by the stateless hash keyed by (seed, position, vocab index),
-and keeps a running argmax. Rows with inverse temperature 0 (greedy) skip the noise
-and the threshold: plain argmax. Nothing of size batch x vocab is allocated. The
-inverse temperature comes from torch (IEEE division) so that x * (1 / T) is the same
-number here and in the reference. The hash is computed in uint64 with explicit 32-bit
-masks, so it equals the torch version (which builds the products from 16-bit halves).
+One program per request streams its logits row in tiles of BLOCK columns, scales it by
+the inverse temperature, optionally drops the tokens below a given threshold, adds
+Gumbel noise made by the stateless hash keyed by (seed, position, vocab index) and
+keeps a running maximum *per lane* (column mod BLOCK): a strict '>' per lane keeps the
+first column of each lane's maximum, and the one reduction at the end takes the
+smallest column among the lanes that hold the row maximum, so ties resolve as torch's
+argmax (first index). Rows with inverse temperature 0 (greedy) skip the noise: plain
+argmax of the raw logits. Nothing of size batch x vocab is allocated. The inverse
+temperature comes from torch (IEEE division), so x * (1 / T) is the same number here
+and in the reference.
+
+The hash runs in native uint32 arithmetic (Triton's uint32 multiply wraps mod 2**32, as
+the int64 16-bit-half products of rng.py do; tests compare the two bit for bit). The
+noise is -log(-log(u)). The inner log must be accurate in *relative* terms near u = 1
+(those tokens get the largest noise), so it is ``tl.log`` (libdevice logf). The outer
+log takes values in [6e-8, 17] where an absolute error of ~1e-7 is harmless, so on an
+NVIDIA GPU it is ``libdevice.fast_logf`` (one lg2.approx), and ``tl.log`` elsewhere
+(the interpreter has no libdevice): CPU and GPU noise agree to ~1e-7, as two libms do.
+
+``gumbel_pass`` and ``argmax_pass`` are shared with the fused cut sampler
+(``cut_sample_triton.py``), which also asks ``gumbel_pass`` for the row statistics it
+needs (per-lane maximum and second maximum, number of finite tokens).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
-# The constants are those of core_runner.sample.rng (GOLDEN, M1, M2); the kernel test
-# compares the two draws bit for bit.
+# rng.GOLDEN, M1, M2 and U_MAX; the kernel test compares the two draws bit for bit.
+_GOLDEN = tl.constexpr(0x9E3779B1)
+_U_MAX = tl.constexpr(1.0 - 2.0**-24)
+_BIG = tl.constexpr(2**31 - 1)
+
+
+def use_fast_log(device: torch.device) -> bool:
+    """libdevice's fast log exists on NVIDIA GPUs only (not in the interpreter)."""
+    return device.type == "cuda" and torch.version.cuda is not None and os.environ.get("TRITON_INTERPRET") != "1"
+
 
 @triton.jit
 def _fmix32(x):
     x = x ^ (x >> 16)
-    x = (x * 0x85EBCA6B) & 0xFFFFFFFF
+    x = x * 0x85EBCA6B
     x = x ^ (x >> 13)
-    x = (x * 0xC2B2AE35) & 0xFFFFFFFF
+    x = x * 0xC2B2AE35
     return x ^ (x >> 16)
+
+
+@triton.jit
+def row_keys(seed_ptr, pos_ptr, i):
+    """The two uint32 keys of row i (rng.row_keys)."""
+    seed = tl.load(seed_ptr + i).to(tl.int64)
+    lo = seed.to(tl.uint32)
+    hi = (seed >> 32).to(tl.uint32)
+    pos = tl.load(pos_ptr + i).to(tl.int64).to(tl.uint32)
+    k1 = _fmix32(lo ^ _fmix32(hi ^ ((pos + 1) * _GOLDEN)))
+    k2 = _fmix32(k1 ^ 0xC2B2AE35)
+    return k1, k2
+
+
+@triton.jit
+def col_hash(cols):
+    """(col + 1) * GOLDEN mod 2**32, the per-column input of the hash."""
+    return (cols.to(tl.uint32) + 1) * _GOLDEN
+
+
+@triton.jit
+def gumbel_noise(hc, k1, k2, FAST_LOG: tl.constexpr):
+    """Gumbel noise of the columns whose ``col_hash`` is hc (rng.gumbel)."""
+    h = _fmix32(_fmix32(hc ^ k1) ^ k2)
+    u = tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), _U_MAX)
+    e = -tl.log(u)
+    if FAST_LOG:
+        g = -libdevice.fast_logf(e)
+    else:
+        g = -tl.log(e)
+    return g
+
+
+@triton.jit
+def first_argmax(best, idx):
+    """Smallest index among the lanes holding the maximum of ``best``."""
+    top = tl.max(best, axis=0)
+    return tl.min(tl.where(best == top, idx, _BIG), axis=0)
+
+
+@triton.jit
+def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
+                TOP2: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr):
+    """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read.
+
+    Returns (token, lane max of x, lane second max of x (TOP2), number of finite x);
+    the statistics are computed when STATS is set (before the threshold)."""
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], -float("inf"), tl.float32)
+    bidx = lanes
+    a1 = tl.full([BLOCK], -float("inf"), tl.float32)
+    a2 = tl.full([BLOCK], -float("inf"), tl.float32)
+    nf = tl.zeros([BLOCK], dtype=tl.int32)
+    hc = col_hash(lanes)
+    for start in range(0, vocab, BLOCK):
+        cols = start + lanes
+        x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
+        if STATS:
+            nf += (x > -float("inf")).to(tl.int32)
+            if TOP2:
+                a2 = tl.maximum(a2, tl.minimum(a1, x))
+            a1 = tl.maximum(a1, x)
+        if HAS_THR:
+            x = tl.where(x >= thr, x, -float("inf"))
+        v = x + gumbel_noise(hc, k1, k2, FAST_LOG)
+        take = v > best
+        best = tl.where(take, v, best)
+        bidx = tl.where(take, cols, bidx)
+        hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
+    return first_argmax(best, bidx), a1, a2, tl.sum(nf, axis=0)
+
+
+@triton.jit
+def argmax_pass(row, vocab, BLOCK: tl.constexpr):
+    """Plain argmax of the raw logits (first index of the maximum), one read."""
+    lanes = tl.arange(0, BLOCK)
+    best = tl.full([BLOCK], -float("inf"), tl.float32)
+    bidx = lanes
+    for start in range(0, vocab, BLOCK):
+        cols = start + lanes
+        x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32)
+        take = x > best
+        best = tl.where(take, x, best)
+        bidx = tl.where(take, cols, bidx)
+    return first_argmax(best, bidx)
 
 
 @triton.jit
 def _gumbel_argmax_kernel(
     logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab,
-    HAS_THR: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
 ):
     i = tl.program_id(0)
-    inv_t = tl.load(inv_t_ptr + i)
-    thr = -float("inf")
-    if HAS_THR:
-        thr = tl.load(thr_ptr + i)
-    seed = tl.load(seed_ptr + i).to(tl.uint64)
-    pos = tl.load(pos_ptr + i).to(tl.uint64) & 0xFFFFFFFF
-    lo = seed & 0xFFFFFFFF
-    hi = (seed >> 32) & 0xFFFFFFFF
-    k1 = _fmix32(lo ^ _fmix32(hi ^ (((pos + 1) * 0x9E3779B1) & 0xFFFFFFFF)))
-    k2 = _fmix32(k1 ^ 0xC2B2AE35)
-    best = -float("inf")
-    best_idx = 0
     row = logits_ptr + i.to(tl.int64) * s_row
-    for start in range(0, vocab, BLOCK):
-        cols = start + tl.arange(0, BLOCK)
-        mask = cols < vocab
-        x = tl.load(row + cols, mask=mask, other=-float("inf")).to(tl.float32)
-        if inv_t > 0:
-            x = x * inv_t
-            x = tl.where(x >= thr, x, -float("inf"))
-            c = cols.to(tl.uint64)
-            h = _fmix32((((c + 1) * 0x9E3779B1) & 0xFFFFFFFF) ^ k1)
-            h = _fmix32(h ^ k2)
-            u = ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            x = x - tl.log(-tl.log(u))
-        x = tl.where(mask, x, -float("inf"))
-        m = tl.max(x, axis=0)
-        idx = tl.argmax(x, axis=0) + start
-        take = m > best
-        best_idx = tl.where(take, idx, best_idx)
-        best = tl.where(take, m, best)
-    tl.store(out_ptr + i, best_idx.to(tl.int64))
+    inv_t = tl.load(inv_t_ptr + i)
+    if inv_t > 0:
+        thr = -float("inf")
+        if HAS_THR:
+            thr = tl.load(thr_ptr + i)
+        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+        tok, _a1, _a2, _nf = gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR, False, False, FAST_LOG, BLOCK)
+    else:
+        tok = argmax_pass(row, vocab, BLOCK)
+    tl.store(out_ptr + i, tok.to(tl.int64))
 
 
 def gumbel_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     threshold: torch.Tensor | None = None, out: torch.Tensor | None = None, block: int = 2048,
+    num_warps: int = 8,
 ) -> torch.Tensor:
     """[n, V] logits (any float dtype) -> [n] int64 tokens; inv_temp 0 = argmax.
 
@@ -82,9 +172,10 @@ def gumbel_sample_triton(
     if out is None:
         out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n:
+        inv = inv_temp.float().contiguous()
         _gumbel_argmax_kernel[(n,)](
-            logits, logits.stride(0), inv_temp.float().contiguous(),
-            threshold if threshold is not None else inv_temp, seeds, positions, out, vocab,
-            HAS_THR=threshold is not None, BLOCK=block,
+            logits, logits.stride(0), inv, threshold.float().contiguous() if threshold is not None else inv,
+            seeds.contiguous(), positions.contiguous(), out, vocab,
+            HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device), BLOCK=block, num_warps=num_warps,
         )
     return out

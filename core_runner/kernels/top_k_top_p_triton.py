@@ -51,26 +51,41 @@ def _search(row, vocab, inv_t, m, lo, kh, k_min, p, USE_MASS: tl.constexpr, BLOC
         spread = tl.minimum(tl.maximum(spread, kl + j), kh - (NP + 1 - j))
         pk = tl.where(dense, tl.minimum(kl + j, kh), spread)
         pv = _value(pk)
-        cnt = tl.zeros([NP], dtype=tl.int32)
-        mass = tl.zeros([NP], dtype=tl.float32)
-        z = 0.0
+        # per-lane [BLOCK, NP] accumulators, reduced once after the pass
+        cnt = tl.zeros([BLOCK, NP], dtype=tl.int32)
+        mass = tl.zeros([BLOCK, NP], dtype=tl.float32)
+        z = tl.zeros([BLOCK], dtype=tl.float32)
         for start in range(0, vocab, BLOCK):
             cols = start + tl.arange(0, BLOCK)
             x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
             ge = x[:, None] >= pv[None, :]
-            cnt += tl.sum(ge.to(tl.int32), axis=0)
+            cnt += ge.to(tl.int32)
             if USE_MASS:
-                e = tl.where(x > -float("inf"), tl.exp(x - m), 0.0)
-                mass += tl.sum(tl.where(ge, e[:, None], 0.0), axis=0)
-                z += tl.sum(tl.where(x >= lo, e, 0.0), axis=0)
-        ok = cnt >= k_min
+                e = tl.exp(x - m)  # 0 for -inf tokens
+                mass += tl.where(ge, e[:, None], 0.0)
+                z += tl.where(x >= lo, e, 0.0)
+        ok = tl.sum(cnt, axis=0) >= k_min
         if USE_MASS:
-            ok = ok & (mass >= p * z)
+            ok = ok & (tl.sum(mass, axis=0) >= p * tl.sum(z, axis=0))
         # ok holds on a prefix of the pivots (count and mass fall as the pivot rises)
         new_kl = tl.max(tl.where(ok, pk, kl), axis=0)
         kh = tl.min(tl.where(ok, kh, pk), axis=0)
         kl = new_kl
     return _value(kl)
+
+
+@triton.jit
+def row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, BLOCK: tl.constexpr, NP: tl.constexpr):
+    """The row's threshold given its max m, smallest finite value mn and number of finite
+    values n_fin (all of x = logit * inv_t, n_fin > 0)."""
+    kh = _key(m) + 1  # no token is >= the next float above the max
+    b = m + lmp  # -inf when min_p is off
+    if (k > 0) & (k < n_fin):
+        b = tl.maximum(b, _search(row, vocab, inv_t, m, mn, kh, k, 0.0, False, BLOCK, NP))
+    if p < 1.0:
+        lo = tl.maximum(b, tl.maximum(mn, m - 128.0))
+        b = tl.maximum(b, _search(row, vocab, inv_t, m, lo, kh, 0, p, True, BLOCK, NP))
+    return b
 
 
 @triton.jit
@@ -97,14 +112,7 @@ def _threshold_kernel(
             mn = tl.minimum(mn, tl.min(tl.where(fin, x, float("inf")), axis=0))
             n_fin += tl.sum(fin.to(tl.int32), axis=0)
         if n_fin > 0:
-            kh = _key(m) + 1  # no token is >= the next float above the max
-            b = m + lmp  # -inf when min_p is off
-            if (k > 0) & (k < n_fin):
-                b = tl.maximum(b, _search(row, vocab, inv_t, m, mn, kh, k, 0.0, False, BLOCK, NP))
-            if p < 1.0:
-                lo = tl.maximum(b, tl.maximum(mn, m - 128.0))
-                b = tl.maximum(b, _search(row, vocab, inv_t, m, lo, kh, 0, p, True, BLOCK, NP))
-            thr = b
+            thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, BLOCK, NP)
     tl.store(out_ptr + i, thr)
 
 

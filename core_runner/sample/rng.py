@@ -3,7 +3,13 @@
 The same 32-bit integer hash is written for torch (here) and for Triton, so CPU and
 GPU draw the same uniforms. torch has no uint32 arithmetic, so products are formed in
 int64 from 16-bit halves and masked, which never overflows and matches the wrapping
-uint32 multiply of the kernel bit for bit.
+uint32 multiply of the kernel (native uint32 arithmetic) bit for bit.
+
+A uniform is (top 24 bits of the hash + 0.5) / 2**24 in float32. For the top value
+2**24 - 1 that sum rounds up to 2**24 (float32 has 24 bits), i.e. u = 1 and an infinite
+Gumbel draw: that token would win whatever its logit (one row in ~110 at vocab 151,936).
+u is therefore clamped to U_MAX = 1 - 2**-24, the largest float32 below 1, which no other
+hash value produces; every other number is unchanged.
 """
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ MASK32 = 0xFFFFFFFF
 GOLDEN = 0x9E3779B1
 M1 = 0x85EBCA6B
 M2 = 0xC2B2AE35
+U_MAX = 1.0 - 2.0**-24  # largest float32 below 1
 
 
 def mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -46,7 +53,7 @@ def uniform(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> to
     col = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     h = fmix32(mul32(col + 1, GOLDEN)[None, :] ^ k1[:, None])
     h = fmix32(h ^ k2[:, None])
-    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    return (((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)).clamp_(max=U_MAX)
 
 
 def gumbel(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -5,6 +5,9 @@
   3. temperature                          (x = logit * 1/T, fused into 4 and 5)
   4. min-p, top-k, top-p                  (one threshold per row, ``kernels/top_k_top_p*``)
   5. Gumbel-Max                           (argmax(x + Gumbel noise) over x >= threshold)
+     (Triton: 4 + 5 are one kernel, ``kernels/cut_sample_triton.py``: it draws over the
+     whole row first and, since the draw stands whenever it lies inside the cut, only
+     works out the threshold for the rows whose draw falls outside it)
   then raw logprobs of the sampled tokens (``logprobs.py``).
 
 argmax(logits / T + Gumbel noise) is an exact draw from softmax(logits / T); the
@@ -15,8 +18,10 @@ the batch uses it, decided from host mirrors (``SamplingMetadata``), never by re
 the device. The input logits are never written: stages 1-2 edit a copy, made only when
 one of them runs, so raw logprobs and recorded logits stay the model's.
 
-The torch path (CPU) and the Triton path (GPU) draw the same random numbers and find
-the same thresholds, so they sample the same tokens from the same logits.
+The torch path (CPU) and the Triton path (GPU) draw the same random numbers and apply
+the same cuts, so they sample the same tokens from the same logits (up to float
+rounding of sums and logs: a token can differ only when a top-p boundary or two noisy
+values tie to ~1e-6).
 """
 from __future__ import annotations
 
@@ -74,11 +79,10 @@ class Sampler:
                 apply_penalties(work, meta.penalties)
         if not meta.any_random:
             sampled = work.argmax(dim=-1)
+        elif meta.top_k is not None:
+            sampled = self._cut_sample(work, meta)
         else:
-            threshold = None
-            if meta.top_k is not None:
-                threshold = self._threshold(work, meta)
-            sampled = self._gumbel(work, meta, threshold)
+            sampled = self._gumbel(work, meta, None)
         out = SamplerOutput(sampled, logprob_rows=meta.logprob_rows)
         if meta.logprob_rows:
             out.logprobs = self._logprobs(raw, sampled, meta)
@@ -96,13 +100,16 @@ class Sampler:
         lp = compute_logprobs(raw, sampled, k, self.use_triton)
         return LogprobTensors(*(getattr(lp, f).index_select(0, idx) for f in LogprobTensors.__slots__))
 
-    def _threshold(self, work: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
-        args = (work, meta.inv_temp, meta.top_k, meta.top_p, meta.log_min_p)
+    def _cut_sample(self, work: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+        """Stages 4 + 5. Triton: one fused kernel that draws first and finds a threshold
+        only for the rows whose draw falls outside their cut (``cut_sample_triton``)."""
         if self.use_triton:
-            from core_runner.kernels.top_k_top_p_triton import top_k_top_p_threshold_triton
+            from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 
-            return top_k_top_p_threshold_triton(*args)
-        return top_k_top_p_threshold_ref(*args)
+            return sample_with_cuts_triton(work, meta.inv_temp, meta.seeds, meta.positions, meta.top_k,
+                                           meta.top_p, meta.log_min_p)
+        threshold = top_k_top_p_threshold_ref(work, meta.inv_temp, meta.top_k, meta.top_p, meta.log_min_p)
+        return gumbel_sample_ref(work, meta.inv_temp, meta.seeds, meta.positions, threshold)
 
     def _gumbel(self, work: torch.Tensor, meta: SamplingMetadata, threshold: torch.Tensor | None) -> torch.Tensor:
         args = (work, meta.inv_temp, meta.seeds, meta.positions, threshold)
