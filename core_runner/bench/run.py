@@ -68,24 +68,16 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     if eng.runner.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+
+    def add_all(tag: str) -> None:
+        for i, (prompt, out_len, temp) in enumerate(workload):
+            eng.add_request(prompt, SamplingParams(max_tokens=out_len, temperature=temp, ignore_eos=True, seed=i),
+                            req_id=f"{tag}{i}")
+
     start = time.perf_counter()
-    for i, (prompt, out_len, temp) in enumerate(workload):
-        eng.add_request(prompt, SamplingParams(max_tokens=out_len, temperature=temp, ignore_eos=True, seed=i),
-                        req_id=f"b{i}")
-    outs, steps, prof, idle = [], 0, None, {}
-    # profile decode steps well after the prefill wave
-    prof_at = 100 if len(workload) >= 64 else 10
-    step_s, slow, host_prof = [], [], None
+    add_all("b")
+    outs, steps, step_s, slow = [], 0, [], []
     while eng.has_unfinished_requests():
-        if profile_steps and steps == prof_at:
-            prof = _start_profile()
-        if profile_steps and steps == prof_at + profile_steps:  # then the host side alone
-            host_prof = cProfile.Profile()
-            host_prof.enable()
-        if host_prof is not None and steps == prof_at + 2 * profile_steps:
-            host_prof.disable()
-            idle["host_top"] = _host_top(host_prof, profile_steps)
-            host_prof = None
         t0 = time.perf_counter()
         outs += eng.step()
         step_s.append(time.perf_counter() - t0)
@@ -94,9 +86,6 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
             slow.append({"step": steps, "ms": 1e3 * step_s[-1], "reqs": len(last.num_scheduled_tokens) if last else 0,
                          "tokens": sum(last.num_scheduled_tokens.values()) if last else 0})
         steps += 1
-        if prof is not None and steps == prof_at + profile_steps:
-            idle = _stop_profile(prof, profile_steps)
-            prof = None
     if eng.runner.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
@@ -112,12 +101,42 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
         "tpot_p50_ms": 1e3 * percentile(tpot, 50), "tpot_p99_ms": 1e3 * percentile(tpot, 99),
         "preemptions": eng.scheduler.num_preemptions,
         "step_ms_p50": 1e3 * percentile(step_s, 50), "step_ms_p99": 1e3 * percentile(step_s, 99),
-        "step_ms_max": 1e3 * max(step_s), "slow_steps": slow,
+        "step_ms_max": 1e3 * max(step_s), "step_ms_mean": 1e3 * statistics.fmean(step_s), "slow_steps": slow,
     }
     if eng.runner.device.type == "cuda":
         res["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
-    res.update(idle)
+    if profile_steps:
+        res.update(_profile_pass(eng, add_all, profile_steps))
     return res
+
+
+def _profile_pass(eng, add_all, profile_steps: int) -> dict:
+    """The workload again, outside the clock: ``profile_steps`` decode steps under the torch
+    profiler (GPU idle, top kernels), then as many under cProfile (host), then abort."""
+    add_all("p")
+    prof_at = 100 if len(eng.scheduler.requests) >= 64 else 10
+    found: dict = {}
+    prof = host = None
+    for step in range(prof_at + 2 * profile_steps):
+        if not eng.has_unfinished_requests():
+            break
+        if step == prof_at:
+            prof = _start_profile()
+        elif step == prof_at + profile_steps:
+            found, prof = _stop_profile(prof, profile_steps), None
+            host = cProfile.Profile()
+            host.enable()
+        eng.step()
+    if prof is not None:
+        found = _stop_profile(prof, profile_steps)
+    if host is not None:
+        host.disable()
+        found["host_top"] = _host_top(host, profile_steps)
+    for rid in list(eng.scheduler.requests):
+        eng.abort_request(rid)
+    while eng.has_unfinished_requests():
+        eng.step()
+    return found
 
 
 def _host_top(prof: "cProfile.Profile", num_steps: int, n: int = 15) -> list[dict]:
@@ -139,7 +158,8 @@ def _start_profile():
 def _stop_profile(prof, num_steps: int = 1) -> dict:
     """GPU idle share over the profiled steps (1 - union of kernel intervals / span) and
     the kernels that took the most device time, in microseconds per step."""
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     prof.__exit__(None, None, None)
     cuda = [e for e in prof.events()
             if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
@@ -235,7 +255,7 @@ def format_result(name: str, r: dict) -> str:
         lines.append(f"  roofline {r['roofline_tok_s']:,.0f} tok/s (copy bw {r['copy_bw_gb_s']:.0f} GB/s): "
                      f"ratio {r['ratio_to_roofline']:.2f}")
     if "step_ms_p50" in r:
-        lines.append(f"  step wall time p50 {r['step_ms_p50']:.2f} ms p99 {r['step_ms_p99']:.2f} ms "
+        lines.append(f"  step wall time mean {r.get('step_ms_mean', float('nan')):.2f} ms p50 {r['step_ms_p50']:.2f} ms p99 {r['step_ms_p99']:.2f} ms "
                      f"max {r['step_ms_max']:.1f} ms")
         for st in r.get("slow_steps", [])[:5]:
             lines.append(f"    slow step {st['step']}: {st['ms']:.0f} ms ({st['reqs']} reqs, {st['tokens']} tokens)")
