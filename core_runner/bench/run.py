@@ -120,15 +120,20 @@ def _profile_pass(eng, add_all, profile_steps: int) -> dict:
     for step in range(prof_at + 2 * profile_steps):
         if not eng.has_unfinished_requests():
             break
+        if step == 2 and prof_at > 10:  # a prefill-heavy step of the first wave
+            pre = _start_profile()
+        if step == 4 and prof_at > 10:
+            found["prefill_top_kernels"] = _stop_profile(pre, 2)["top_kernels"]
         if step == prof_at:
             prof = _start_profile()
         elif step == prof_at + profile_steps:
-            found, prof = _stop_profile(prof, profile_steps), None
+            found.update(_stop_profile(prof, profile_steps))
+            prof = None
             host = cProfile.Profile()
             host.enable()
         eng.step()
     if prof is not None:
-        found = _stop_profile(prof, profile_steps)
+        found.update(_stop_profile(prof, profile_steps))
     if host is not None:
         host.disable()
         found["host_top"] = _host_top(host, profile_steps)
@@ -265,6 +270,8 @@ def format_result(name: str, r: dict) -> str:
         for k in r.get("host_top", [])[:12]:
             lines.append(f"    host {k['tot_ms_per_step']:6.2f} ms/step own, {k['cum_ms_per_step']:6.2f} cum "
                          f"x{k['calls_per_step']:7.1f}  {k['func']}")
+        for k in r.get("prefill_top_kernels", [])[:6]:
+            lines.append(f"    prefill {k['us_per_step']:8.1f} us/step x{k['calls_per_step']:5.1f}  {k['name']}")
         for k in r.get("top_kernels", [])[:10]:
             lines.append(f"    {k['us_per_step']:8.1f} us/step x{k['calls_per_step']:5.1f}  {k['name']}")
     if "peer" in r:

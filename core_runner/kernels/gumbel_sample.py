@@ -73,11 +73,16 @@ def col_hash(cols):
 
 
 @triton.jit
+def hash_uniform(hc, k1, k2):
+    """float32 uniforms in (0, 1) of the columns whose ``col_hash`` is hc (rng.uniform)."""
+    h = _fmix32(_fmix32(hc ^ k1) ^ k2)
+    return tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), _U_MAX)
+
+
+@triton.jit
 def gumbel_noise(hc, k1, k2, FAST_LOG: tl.constexpr):
     """Gumbel noise of the columns whose ``col_hash`` is hc (rng.gumbel)."""
-    h = _fmix32(_fmix32(hc ^ k1) ^ k2)
-    u = tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), _U_MAX)
-    e = -tl.log(u)
+    e = -tl.log(hash_uniform(hc, k1, k2))
     if FAST_LOG:
         g = -libdevice.fast_logf(e)
     else:
@@ -94,7 +99,7 @@ def first_argmax(best, idx):
 
 @triton.jit
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
-                TOP2: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr):
+                TOP2: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr):
     """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read.
 
     Returns (token, lane max of x, lane second max of x (TOP2), number of finite x);
@@ -106,7 +111,7 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
     nf = tl.zeros([BLOCK], dtype=tl.int32)
     hc = col_hash(lanes)
-    for start in range(0, vocab, BLOCK):
+    for start in tl.range(0, vocab, BLOCK, num_stages=NS):
         cols = start + lanes
         x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
         if STATS:
@@ -125,12 +130,12 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
 
 
 @triton.jit
-def argmax_pass(row, vocab, BLOCK: tl.constexpr):
+def argmax_pass(row, vocab, BLOCK: tl.constexpr, NS: tl.constexpr):
     """Plain argmax of the raw logits (first index of the maximum), one read."""
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], -float("inf"), tl.float32)
     bidx = lanes
-    for start in range(0, vocab, BLOCK):
+    for start in tl.range(0, vocab, BLOCK, num_stages=NS):
         cols = start + lanes
         x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32)
         take = x > best
@@ -142,7 +147,7 @@ def argmax_pass(row, vocab, BLOCK: tl.constexpr):
 @triton.jit
 def _gumbel_argmax_kernel(
     logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab,
-    HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
@@ -152,16 +157,16 @@ def _gumbel_argmax_kernel(
         if HAS_THR:
             thr = tl.load(thr_ptr + i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        tok, _a1, _a2, _nf = gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR, False, False, FAST_LOG, BLOCK)
+        tok, _a1, _a2, _nf = gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR, False, False, FAST_LOG, BLOCK, NS)
     else:
-        tok = argmax_pass(row, vocab, BLOCK)
+        tok = argmax_pass(row, vocab, BLOCK, NS)
     tl.store(out_ptr + i, tok.to(tl.int64))
 
 
 def gumbel_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     threshold: torch.Tensor | None = None, out: torch.Tensor | None = None, block: int = 2048,
-    num_warps: int = 8,
+    num_warps: int = 8, num_stages: int = 3,
 ) -> torch.Tensor:
     """[n, V] logits (any float dtype) -> [n] int64 tokens; inv_temp 0 = argmax.
 
@@ -176,6 +181,7 @@ def gumbel_sample_triton(
         _gumbel_argmax_kernel[(n,)](
             logits, logits.stride(0), inv, threshold.float().contiguous() if threshold is not None else inv,
             seeds.contiguous(), positions.contiguous(), out, vocab,
-            HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device), BLOCK=block, num_warps=num_warps,
+            HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device), BLOCK=block, NS=num_stages,
+            num_warps=num_warps,
         )
     return out

@@ -237,8 +237,9 @@ def ssd_chunk_scan_varlen_triton(
     if not _INTERPRET:  # tl.dot needs K >= 16 for 16-bit inputs; 64 bounds the [CHUNK, CHUNK] tile
         chunk = min(max(chunk, 16), 64)
     lo_n = 1 if _INTERPRET else 16
-    BLOCK_P = block_p or max(lo_n, min(64, triton.next_power_of_2(P)))
-    BLOCK_N = block_n or max(lo_n, min(64, triton.next_power_of_2(N)))
+    # tile overrides (tests) are raised to the tl.dot minimum on a GPU
+    BLOCK_P = max(lo_n, block_p or min(64, triton.next_power_of_2(P)))
+    BLOCK_N = max(lo_n, block_n or min(64, triton.next_power_of_2(N)))
     NC = max_num_chunks(T, R, chunk)
     dev = x.device
     creq = torch.empty(NC, dtype=torch.int32, device=dev)

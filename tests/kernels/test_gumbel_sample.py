@@ -1,11 +1,45 @@
-"""The Triton Gumbel-Max kernel draws the same tokens as the torch reference."""
+"""The Triton Gumbel-Max kernel draws the same tokens as the torch reference, from the
+same uniforms bit for bit (native uint32 hash in the kernel, int64 halves in rng.py)."""
 from __future__ import annotations
 
 import torch
+import triton
+import triton.language as tl
 
-from core_runner.kernels.gumbel_sample import gumbel_sample_triton
+from core_runner.kernels.gumbel_sample import col_hash, gumbel_noise, gumbel_sample_triton, hash_uniform, row_keys
 from core_runner.sample import rng
 from core_runner.sample.sampler import gumbel_sample_ref, inverse_temperature
+
+
+@triton.jit
+def _noise_kernel(seed_ptr, pos_ptr, col_ptr, u_ptr, g_ptr, n_cols, BLOCK: tl.constexpr):
+    i = tl.program_id(0)
+    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+    offs = tl.arange(0, BLOCK)
+    cols = tl.load(col_ptr + offs, mask=offs < n_cols, other=0)
+    tl.store(g_ptr + i * n_cols + offs, gumbel_noise(col_hash(cols), k1, k2, False), mask=offs < n_cols)
+    u = hash_uniform(col_hash(cols), k1, k2)
+    tl.store(u_ptr + i * n_cols + offs, u, mask=offs < n_cols)
+
+
+def test_kernel_noise_is_rng_noise_bit_for_bit(device):
+    """uint32 arithmetic in Triton == the int64 16-bit-half products of rng.py, including
+    negative and 64-bit seeds, position 2**32 - 1 (pos + 1 wraps) and u clamped below 1."""
+    seeds = torch.tensor([0, 1, -1, -(2**63), 2**63 - 1, 2**40 + 7, 218], dtype=torch.int64)
+    pos = torch.tensor([0, 5, 2**32 - 1, 2**32, 123456789, 7, 7], dtype=torch.int64)
+    cols = torch.tensor([0, 1, 2, 63, 64, 1000, 65535, 107358, 151935, 2**20 + 3], dtype=torch.int64)
+    u_ref = rng.uniform(seeds, pos, 2**20 + 4)[:, cols]
+    g_ref = rng.gumbel(seeds, pos, 2**20 + 4)[:, cols]
+    u = torch.empty(len(seeds), len(cols), device=device)
+    g = torch.empty_like(u)
+    d = lambda t: t.to(device)  # noqa: E731
+    _noise_kernel[(len(seeds),)](d(seeds), d(pos), d(cols.to(torch.int32)), u, g, len(cols), BLOCK=16)
+    assert torch.equal(u.cpu(), u_ref)
+    assert torch.allclose(g.cpu(), g_ref, rtol=1e-6, atol=1e-6)
+    # seed 218, position 7, column 107358: the top 24 hash bits are all ones, so
+    # (2**24 - 1 + 0.5) / 2**24 rounds to 1.0 in float32; it is clamped to 1 - 2**-24
+    assert u_ref[-1, 7] == rng.U_MAX and bool(torch.isfinite(g_ref).all())
+    assert float(u_ref.max()) < 1.0
 
 
 def _ref(logits, temp, seeds, pos):
@@ -22,18 +56,21 @@ def test_rng_hash_matches_uint32_arithmetic():
 
 def test_kernel_matches_reference(device):
     g = torch.Generator().manual_seed(0)
-    n, vocab = 6, 300  # vocab not a multiple of the tile
+    n, vocab = 8, 300  # vocab not a multiple of the tile
     logits = torch.randn(n, vocab, generator=g) * 3
     logits[2, 10:] = float("-inf")  # a row with few finite logits
-    temp = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0, 1.3])
-    seeds = torch.tensor([1, 2, 3, 2**40 + 7, 5, 2**62], dtype=torch.int64)
-    pos = torch.tensor([0, 9, 100, 4, 77, 123456], dtype=torch.int64)
+    logits[4, [7, 70, 200]] = 50.0  # greedy ties: the first index wins (lanes 7 and 6 of 64)
+    logits[6] = float("-inf")  # nothing finite: token 0, as torch's argmax
+    logits[7, [150, 22]] = 60.0  # sampled: noise is continuous, but max is in the right place
+    temp = torch.tensor([0.0, 0.5, 1.0, 2.0, 0.0, 1.3, 0.8, 0.01])
+    seeds = torch.tensor([1, 2, 3, 2**40 + 7, 5, 2**62, -9, 4], dtype=torch.int64)
+    pos = torch.tensor([0, 9, 100, 4, 77, 123456, 3, 2], dtype=torch.int64)
     want = _ref(logits, temp, seeds, pos)
     got = gumbel_sample_triton(logits.to(device), inverse_temperature(temp).to(device), seeds.to(device),
                                pos.to(device), block=64)
     assert torch.equal(got.cpu(), want)
-    assert int(got[2]) < 10
-    assert int(got[0]) == int(logits[0].argmax()) and int(got[4]) == int(logits[4].argmax())
+    assert int(got[2]) < 10 and int(got[6]) == 0 and int(got[7]) in (22, 150)
+    assert int(got[0]) == int(logits[0].argmax()) and int(got[4]) == 7
 
 
 def test_kernel_is_a_fair_sampler(device):
