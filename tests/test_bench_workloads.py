@@ -198,3 +198,13 @@ def test_hf_peer_timeout_reports_error(tiny_checkpoint):
     res = peers.run_hf_peer(tiny_checkpoint, wl, device="cpu", timeout_s=0.0)
     assert res["error"] and "timeout" in res["error"]
     assert res["total_output_tokens"] == 0
+
+
+def test_roofline_counts_kv_and_recurrent_state():
+    from core_runner.bench.roofline import decode_roofline_tok_s
+
+    wl = [([1, 2], 2, 0.0), ([3], 1, 0.0)]
+    # step 0: ctx 2 + 1, two live rows; step 1: ctx 3, one live row
+    t = (10 + 3 * 4 + 2 * 2 * 5) / 100 + (10 + 3 * 4 + 2 * 1 * 5) / 100
+    assert decode_roofline_tok_s(wl, 10, 4, 100.0, 8, state_bytes_per_row=5) == pytest.approx(3 / t)
+    assert decode_roofline_tok_s(wl, 10, 4, 100.0, 8) > decode_roofline_tok_s(wl, 10, 4, 100.0, 8, 5)

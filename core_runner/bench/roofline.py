@@ -5,16 +5,18 @@ from __future__ import annotations
 
 def decode_roofline_tok_s(
     workload: list[tuple[list[int], int, float]], weight_bytes: int, kv_bytes_per_token: int,
-    bandwidth: float, max_num_seqs: int,
+    bandwidth: float, max_num_seqs: int, state_bytes_per_row: int = 0,
 ) -> float:
     """Output tok/s if all requests decode together in waves of ``max_num_seqs`` and each
-    step costs (weights + live context x KV bytes) / bandwidth. Prefill is ignored."""
+    step costs (weights + live context x KV bytes + live rows x 2 x per-row state bytes,
+    since recurrent state is read and written back) / bandwidth. Prefill is ignored."""
     total_time, total_out = 0.0, 0
     for w in range(0, len(workload), max_num_seqs):
         wave = workload[w: w + max_num_seqs]
         steps = max(o for _, o, _ in wave)
         for s in range(steps):
-            ctx = sum(len(p) + s for p, o, _ in wave if s < o)
-            total_time += (weight_bytes + ctx * kv_bytes_per_token) / bandwidth
+            live = [len(p) + s for p, o, _ in wave if s < o]
+            total_time += (weight_bytes + sum(live) * kv_bytes_per_token
+                           + 2 * len(live) * state_bytes_per_row) / bandwidth
         total_out += sum(o for _, o, _ in wave)
     return total_out / total_time if total_time else 0.0

@@ -233,7 +233,7 @@ def bench(args) -> dict:
             # a copy moves 2 bytes of traffic per byte copied; bw already counts both,
             # and it is the ceiling for the bytes a decode step reads
             roof = decode_roofline_tok_s(workload, weight_bytes, mem["kv_bytes_per_token"], bw,
-                                         args.max_num_seqs)
+                                         args.max_num_seqs, mem.get("state_bytes_per_row", 0))
             res["roofline_tok_s"] = roof
             res["ratio_to_roofline"] = res["output_tok_s"] / roof
         del llm
