@@ -59,13 +59,13 @@ for s in "${STAGES[@]}"; do
         --json "$LOG/qwen.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -40;;
     granite)
       say granite
-      FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1)
+      FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 --peer-timeout ${PEER_TIMEOUT:-150})
       timeout 120 python3 -m core_runner_granite_hybrid.bench $CKPT/granite 2>&1 | tail -2
       timeout 400 python3 -m core_runner.cli bench --model $CKPT/granite --workload W1 "${N[@]}" "${FP[@]}" \
         --json "$LOG/granite.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -25;;
     deepseek)
       say deepseek
-      FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1)  # the HF MoE loop makes a W2 peer run far too long
+      FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 --peer-timeout ${PEER_TIMEOUT:-150})  # the HF MoE loop makes a W2 peer run far too long
       timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
       timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W1 W2 "${N[@]}" "${FP[@]}" \
         --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
