@@ -47,25 +47,31 @@ class StagedWriteTensor:
         self.device = torch.device(device)
         self.gpu = torch.zeros(shape, dtype=dtype, device=self.device)
         self._cols = shape[1] if len(shape) == 2 else 1
-        self._idx: list[torch.Tensor] = []
-        self._vals: list[torch.Tensor] = []
+        self._idx: list[int] = []  # flat indices, in staging order
+        self._vals: list = []
         self._pin = self.device.type == "cuda"
 
     def stage_write(self, row: int, start: int, values: list | torch.Tensor) -> None:
-        """Stage ``table[row, start:start+len(values)] = values``."""
-        vals = torch.as_tensor(values, dtype=self.gpu.dtype).reshape(-1)
-        if not 0 <= row < self.shape[0] or start < 0 or start + vals.numel() > self._cols:
-            raise IndexError(
-                f"staged write row={row} cols [{start}, {start + vals.numel()}) is outside the table {self.shape}"
-            )
-        if vals.numel() == 0:
+        """Stage ``table[row, start:start+len(values)] = values``. Staging is plain list
+        work (no tensor per call): a new request stages a dozen of these."""
+        if isinstance(values, torch.Tensor):
+            values = values.reshape(-1).tolist()
+        elif not isinstance(values, (list, tuple)):
+            values = list(values)
+        n = len(values)
+        if not 0 <= row < self.shape[0] or start < 0 or start + n > self._cols:
+            raise IndexError(f"staged write row={row} cols [{start}, {start + n}) is outside the table {self.shape}")
+        if n == 0:
             return
         base = row * self._cols + start
-        self._idx.append(torch.arange(base, base + vals.numel(), dtype=torch.int64))
-        self._vals.append(vals)
+        self._idx.extend(range(base, base + n))
+        self._vals.extend(values)
 
     def stage_scalar(self, row: int, value: float | int) -> None:
-        self.stage_write(row, 0, [value])
+        if not 0 <= row < self.shape[0]:
+            raise IndexError(f"staged write row={row} cols [0, 1) is outside the table {self.shape}")
+        self._idx.append(row * self._cols)
+        self._vals.append(value)
 
     @property
     def has_staged(self) -> bool:
@@ -75,13 +81,13 @@ class StagedWriteTensor:
         """One host-to-device copy of [indices | values], one scatter kernel."""
         if not self._idx:
             return
-        idx = torch.cat(self._idx)
-        vals = _to_bits(torch.cat(self._vals))
+        n = len(self._idx)
+        idx = torch.tensor(self._idx, dtype=torch.int64)
+        vals = _to_bits(torch.tensor(self._vals, dtype=self.gpu.dtype))
         packed = torch.cat([idx, vals])
         if self._pin:
             packed = packed.pin_memory()
         packed = packed.to(self.device, non_blocking=True)
-        n = idx.numel()
         if self._pin and _triton_scatter() is not None:
             _triton_scatter()(self.gpu.view(-1), packed, n)
         else:
