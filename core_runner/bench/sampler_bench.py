@@ -5,8 +5,11 @@ sampling through the real pipeline (``Sampler`` with Triton kernels on a GPU), a
 it against two yardsticks: one read of the logits at the device's copy bandwidth (a
 copy reads and writes each byte once, so a read takes half a copy), and
 ``torch.softmax`` + ``torch.multinomial`` on the same logits. It also reports the peak
-memory each allocates beyond the logits (CUDA only). On the CPU the same code runs with
-small shapes as a smoke test (the torch reference path; the numbers mean little there).
+memory each allocates beyond the logits (CUDA only), the times of other cuts (top-k 50 +
+top-p 0.9, top-p 0.5, min-p 0.1) and, on CUDA, how the fused cut kernel settled the
+top-p rows (draw kept / redrawn from its candidates / pivot search). On the CPU the same
+code runs with small shapes as a smoke test (the torch reference path; the numbers mean
+little there).
 """
 from __future__ import annotations
 
@@ -61,23 +64,25 @@ def run_sampler_bench(
     logits = torch.randn(batch, vocab, generator=g, device=dev) * 4.0
     sampler = Sampler(use_triton=dev.type == "cuda")
 
-    def meta(p: float) -> SamplingMetadata:
+    def meta(p: float, k: int = -1, min_p: float = 0.0) -> SamplingMetadata:
         m = SamplingMetadata(
             inv_temp=torch.full((batch,), 1.0 / temperature, device=dev),
             seeds=torch.arange(batch, dtype=torch.int64, device=dev),
             positions=torch.full((batch,), 100, dtype=torch.int64, device=dev), any_random=True,
         )
-        if p < 1.0:
-            m.top_k = torch.full((batch,), -1, dtype=torch.int32, device=dev)
+        if p < 1.0 or k > 0 or min_p > 0.0:
+            m.top_k = torch.full((batch,), k, dtype=torch.int32, device=dev)
             m.top_p = torch.full((batch,), p, device=dev)
-            m.log_min_p = torch.full((batch,), float("-inf"), device=dev)
+            m.log_min_p = torch.full((batch,), min_p, device=dev).log()
         return m
 
     top_p_meta, temp_meta = meta(top_p), meta(1.0)
+    other = {"top_k50_top_p0.9": meta(0.9, k=50), "top_p0.5": meta(0.5), "min_p0.1": meta(1.0, min_p=0.1)}
     dst = torch.empty_like(logits)
     fns = {
         "top_p": lambda: sampler(logits, top_p_meta).sampled,
         "temperature_only": lambda: sampler(logits, temp_meta).sampled,
+        **{name: (lambda m=m: sampler(logits, m).sampled) for name, m in other.items()},
         "torch_softmax_multinomial": lambda: torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1),
         "copy": lambda: dst.copy_(logits),
     }
@@ -94,11 +99,23 @@ def run_sampler_bench(
         "torch_softmax_multinomial_ms": 1e3 * secs["torch_softmax_multinomial"],
         "ratio_to_read": secs["top_p"] / read_s,
         "speedup_vs_torch": secs["torch_softmax_multinomial"] / secs["top_p"],
+        **{f"sampler_{name}_ms": 1e3 * secs[name] for name in other},
+        "top_p_rows_kept_redrawn_searched": _top_p_paths(logits, top_p_meta) if sampler.use_triton else None,
     }
     for key in ("top_p", "torch_softmax_multinomial"):
         extra = _peak_extra_bytes(fns[key], dev)
         res[f"{key}_peak_extra_mib"] = None if extra is None else extra / 2**20
     return res
+
+
+def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
+    """How the fused cut kernel settled the rows of the top-p case."""
+    from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+
+    paths = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
+    sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, paths=paths)
+    counts = torch.bincount(paths.long(), minlength=4).tolist()
+    return counts[1:4]
 
 
 def format_sampler_result(r: dict) -> str:
@@ -110,6 +127,13 @@ def format_sampler_result(r: dict) -> str:
         f"  torch softmax + multinomial: {r['torch_softmax_multinomial_ms']:.3f} ms -> "
         f"{r['speedup_vs_torch']:.2f}x faster",
     ]
+    if "sampler_top_p0.5_ms" in r:
+        line = (f"  other cuts: top-k 50 + top-p 0.9 {r['sampler_top_k50_top_p0.9_ms']:.3f} ms, top-p 0.5 "
+                f"{r['sampler_top_p0.5_ms']:.3f} ms, min-p 0.1 {r['sampler_min_p0.1_ms']:.3f} ms")
+        if r.get("top_p_rows_kept_redrawn_searched") is not None:
+            kept, redrawn, searched = r["top_p_rows_kept_redrawn_searched"]
+            line += f"; top-p rows: {kept} draws kept, {redrawn} redrawn, {searched} searched"
+        lines.append(line)
     if r.get("top_p_peak_extra_mib") is not None:
         lines.append(f"  peak extra memory: sampler {r['top_p_peak_extra_mib']:.1f} MiB, torch "
                      f"{r['torch_softmax_multinomial_peak_extra_mib']:.1f} MiB (logits {r['logits_mib']:.0f} MiB)")

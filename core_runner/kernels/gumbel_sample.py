@@ -20,6 +20,9 @@ noise is -log(-log(u)). The inner log must be accurate in *relative* terms near 
 log takes values in [6e-8, 17] where an absolute error of ~1e-7 is harmless, so on an
 NVIDIA GPU it is ``libdevice.fast_logf`` (one lg2.approx), and ``tl.log`` elsewhere
 (the interpreter has no libdevice): CPU and GPU noise agree to ~1e-7, as two libms do.
+u is clamped below 1 as in rng.py. A pass is compute-bound (~60 instructions per element
+on sm_90: hash ~20, logf ~22): it loads the next tile before hashing the current one,
+which hides the load latency without the shared-memory staging of a pipelined loop.
 
 ``gumbel_pass`` and ``argmax_pass`` are shared with the fused cut sampler
 (``cut_sample_triton.py``), which also asks ``gumbel_pass`` for the row statistics it
@@ -111,9 +114,12 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
     nf = tl.zeros([BLOCK], dtype=tl.int32)
     hc = col_hash(lanes)
+    nxt = tl.load(row + lanes, mask=lanes < vocab, other=-float("inf"))
     for start in tl.range(0, vocab, BLOCK, num_stages=NS):
         cols = start + lanes
-        x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
+        x = nxt.to(tl.float32) * inv_t
+        # the next tile's load is in flight while this one is hashed
+        nxt = tl.load(row + BLOCK + cols, mask=cols + BLOCK < vocab, other=-float("inf"))
         if STATS:
             nf += (x > -float("inf")).to(tl.int32)
             if TOP2:
@@ -166,7 +172,7 @@ def _gumbel_argmax_kernel(
 def gumbel_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     threshold: torch.Tensor | None = None, out: torch.Tensor | None = None, block: int = 2048,
-    num_warps: int = 8, num_stages: int = 3,
+    num_warps: int = 8, num_stages: int = 1,
 ) -> torch.Tensor:
     """[n, V] logits (any float dtype) -> [n] int64 tokens; inv_temp 0 = argmax.
 

@@ -3,7 +3,10 @@
 The three cuts keep the tokens whose scaled logit x = logit * (1 / T) is at least a
 row threshold, so they are computed as that threshold and applied while sampling
 (``x >= threshold``), with no masked copy of the logits. The Triton twin in
-``top_k_top_p_triton.py`` finds the same threshold without sorting the vocabulary.
+``top_k_top_p_triton.py`` finds the same threshold without sorting the vocabulary; the
+GPU sampler (``cut_sample_triton.py``) mostly avoids finding it at all: it draws over the
+whole row and only tests whether the drawn token is at or above the threshold, which
+these definitions allow without knowing it (count / mass of the tokens above the draw).
 
 Definitions, in order (each cut sees what the previous ones kept):
 - min_p: t_min = max(x) + log(min_p), i.e. p_i >= min_p * p_max.

@@ -103,11 +103,12 @@ def _search(row, vocab, inv_t, m, lo, z_lo, kh, k_min, p, cx_ptr, USE_MASS: tl.c
             sel = ((x >= lo_f) & (x < hi_f)).to(tl.int32)
             n_sel = tl.sum(sel, axis=0)
             if n_sel > 0:
-                tl.store(cx_ptr + n_st + tl.cumsum(sel, axis=0) - 1, x, mask=sel > 0, cache_modifier=".cg")
+                at = n_st + tl.cumsum(sel, axis=0) - 1
+                tl.store(cx_ptr + at, x, mask=(sel > 0) & (at < CAP), cache_modifier=".cg")
             n_st += n_sel
         tl.debug_barrier()  # stored by other threads
         offs = tl.arange(0, CAP)
-        valid = offs < n_in
+        valid = offs < n_st  # == n_in <= CAP
         s = tl.sort(tl.load(cx_ptr + offs, mask=valid, other=-float("inf"), cache_modifier=".cg"), dim=0,
                     descending=True)
         if USE_MASS:
@@ -117,7 +118,7 @@ def _search(row, vocab, inv_t, m, lo, z_lo, kh, k_min, p, cx_ptr, USE_MASS: tl.c
             cum = (c_hi + offs + 1).to(tl.float32)
             target = k_min.to(tl.float32)
         first = tl.sum((valid & (cum < target)).to(tl.int32), axis=0)
-        if first < n_in:
+        if first < n_st:
             v = tl.max(tl.where(offs == first, s, -float("inf")), axis=0)
     return v
 

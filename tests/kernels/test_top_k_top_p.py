@@ -3,6 +3,7 @@ top-k / top-p / min-p thresholds, Gumbel-Max under a threshold, logsumexp + rank
 the whole pipeline on the Triton path against the torch path."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from core_runner.kernels.gumbel_sample import gumbel_sample_triton
@@ -62,6 +63,32 @@ def test_threshold_kernel_equals_reference(device):
     assert kept[7] == 5  # top_k=2 among five tied maxima keeps all five
     assert kept[2] >= 3 and (x[2] == ref[2]).sum() > 1  # a tie at the top-k threshold stays in
     assert kept[1] <= 50  # only finite tokens count
+
+
+@pytest.mark.parametrize("cap", [4, 32])
+def test_threshold_search_ends_on_the_sorted_bracket(device, cap):
+    """With a small candidate capacity the search stops once its bracket holds <= cap
+    tokens and reads the answer off their sorted values (plus the count / mass above the
+    bracket); ties, -inf tails, one-key brackets and both cuts are all in these rows."""
+    g = torch.Generator().manual_seed(7)
+    n, vocab = 20, 300
+    logits = torch.randn(n, vocab, generator=g) * (torch.rand(n, 1, generator=g) * 3 + 0.2)
+    logits[::4] = logits[::4].round(decimals=1)
+    logits[2::6, 150:] = NEG_INF
+    logits[5, :40] = 3.0  # 40 tokens of one value at the top
+    inv = 1 / (torch.rand(n, generator=g) + 0.3)
+    inv[::7] = 0.0
+    k = torch.randint(1, 200, (n,), generator=g, dtype=torch.int32)
+    k[1::3] = -1
+    k[5] = 10
+    p = torch.rand(n, generator=g) * 0.95 + 0.03
+    p[::5] = 1.0
+    lmp = (torch.rand(n, generator=g) * 0.2).log()
+    lmp[::2] = NEG_INF
+    assert _top_p_margin(logits, inv, k, p, lmp) > 1e-5, "test rows put a top-p cut on a rounding tie"
+    ref = top_k_top_p_threshold_ref(logits, inv, k, p, lmp)
+    got = top_k_top_p_threshold_triton(*(t.to(device) for t in (logits, inv, k, p, lmp)), block=64, cap=cap)
+    assert torch.equal(got.cpu(), ref), (got.cpu() != ref).nonzero().flatten().tolist()
 
 
 def test_gumbel_kernel_respects_threshold(device):

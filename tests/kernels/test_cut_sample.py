@@ -1,0 +1,215 @@
+"""The fused cut sampler (``cut_sample_triton``) against the reference path: threshold
+(``top_k_top_p_threshold_ref``) then Gumbel-Max (``gumbel_sample_ref``), token for token,
+on every route a row can take: draw kept (1), redrawn from the stored candidates or under
+the min-p mask (2), exact pivot search (3, forced with a small candidate capacity).
+Interpreter on the CPU: tiles of 64 columns, vocabularies that are not a tile multiple."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
+from core_runner.sample.sampler import gumbel_sample_ref
+
+NEG_INF = float("-inf")
+
+
+def _reference(logits, inv, k, p, lmp, seeds, pos):
+    thr = top_k_top_p_threshold_ref(logits, inv, k, p, lmp)
+    return gumbel_sample_ref(logits, inv, seeds, pos, thr)
+
+
+def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64):
+    paths = torch.empty(logits.shape[0], dtype=torch.int32, device=device)
+    got = sample_with_cuts_triton(*(t.to(device) for t in (logits, inv, seeds, pos, k, p, lmp)), block=64, cap=cap,
+                                  search_block=32, paths=paths)
+    return got.cpu(), paths.cpu()
+
+
+def _mixed_rows(seed, n=40, vocab=200):
+    """Random scales, ties, -inf tails, tied maxima, greedy rows, and every cut alone and
+    combined (top-k only, top-p only, min-p only, pairs, all three)."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=g) * (torch.rand(n, 1, generator=g) * 4 + 0.3)
+    logits[::5] = logits[::5].round()  # ties everywhere
+    logits[3::7, 100:] = NEG_INF
+    logits[4::11, :3] = 25.0  # three tied maxima
+    inv = 1 / (torch.rand(n, generator=g) * 1.5 + 0.2)
+    inv[::9] = 0.0  # greedy
+    mode = torch.arange(n) % 8  # bit 0: top-k, bit 1: top-p, bit 2: min-p
+    k = torch.where(mode & 1 > 0, torch.randint(1, 40, (n,), generator=g), -1).to(torch.int32)
+    p = torch.where(mode & 2 > 0, torch.rand(n, generator=g) * 0.9 + 0.05, 1.0)
+    min_p = torch.where(mode & 4 > 0, torch.rand(n, generator=g) * 0.3 + 0.01, 0.0)
+    seeds = torch.randint(0, 2**40, (n,), generator=g)
+    pos = torch.randint(0, 1000, (n,), generator=g)
+    return logits, inv, k, p, min_p.log(), seeds, pos
+
+
+@pytest.mark.parametrize("cap, seed", [(64, 0), (8, 1)])
+def test_cut_sampler_equals_reference_on_every_path(device, cap, seed):
+    args = _mixed_rows(seed)
+    got, paths = _run(device, *args, cap=cap)
+    want = _reference(*args)
+    assert torch.equal(got, want), (got != want).nonzero().flatten().tolist()
+    assert ({0, 1, 2} if cap == 64 else {1, 3}) <= set(paths.tolist()), paths
+
+
+def test_ties_at_the_boundaries(device):
+    """Values from {0, .., 4}: the k-th token and the token that completes the top-p mass
+    sit in tie groups, and many draws land in those groups (the whole group is kept)."""
+    g = torch.Generator().manual_seed(2)
+    n, vocab = 36, 130
+    logits = torch.randint(0, 5, (n, vocab), generator=g).float()
+    logits[:, 129] = NEG_INF
+    inv = torch.full((n,), 1.0)
+    k = torch.tensor([3, 40, -1, -1, 7, 30] * 6, dtype=torch.int32)
+    p = torch.tensor([1.0, 1.0, 0.5, 0.8, 0.6, 0.9] * 6)
+    lmp = torch.full((n,), NEG_INF)
+    seeds = torch.full((n,), 77, dtype=torch.int64)
+    pos = torch.arange(n, dtype=torch.int64)
+    thr = top_k_top_p_threshold_ref(logits, inv, k, p, lmp)
+    assert bool(((logits == thr[:, None]).sum(1) > 1).all()), "every cut should fall inside a tie group"
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
+    assert torch.equal(got, _reference(logits, inv, k, p, lmp, seeds, pos))
+    assert {1, 2} <= set(paths.tolist())
+
+
+def test_top_k_bound_when_one_lane_holds_the_top_tokens(device):
+    """The eight largest logits share lane 0 (columns 0, 64, ..): the lanes' top-two lists
+    miss six of them, so L < v_k, Z_B is unknown after read 2 and top-k + top-p rows are
+    settled from the candidates {x >= L}."""
+    g = torch.Generator().manual_seed(3)
+    n, vocab = 6, 520
+    logits = torch.randn(n, vocab, generator=g)
+    logits[:, ::64] = 6.0 + torch.arange(9).float() * 0.25  # nine in lane 0
+    inv = torch.ones(n)
+    k = torch.tensor([8, 8, 8, 5, 9, 8], dtype=torch.int32)
+    p = torch.tensor([0.9, 0.5, 0.99, 0.7, 0.95, 1.0])
+    lmp = torch.full((n,), NEG_INF)
+    lmp[5] = torch.tensor(0.05).log()
+    seeds = torch.arange(n, dtype=torch.int64) + 100
+    pos = torch.arange(n, dtype=torch.int64)
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
+    assert torch.equal(got, _reference(logits, inv, k, p, lmp, seeds, pos))
+    free = gumbel_sample_ref(logits, inv, seeds, pos)
+    on_max = logits.gather(1, free[:, None])[:, 0] == logits.max(dim=1).values
+    assert bool((paths[:5] == torch.where(on_max[:5], 1, 2)).all()), paths  # off the max: never kept without Z_B
+
+
+def test_min_p_alone_redraws_under_its_threshold(device):
+    g = torch.Generator().manual_seed(4)
+    n, vocab = 24, 100
+    logits = torch.randn(n, vocab, generator=g) * 0.7  # flat: many draws fall under min-p
+    inv = torch.ones(n)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.ones(n)
+    lmp = torch.full((n,), 0.6).log()
+    seeds = torch.full((n,), 5, dtype=torch.int64)
+    pos = torch.arange(n, dtype=torch.int64)
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
+    assert torch.equal(got, _reference(logits, inv, k, p, lmp, seeds, pos))
+    assert {1, 2} <= set(paths.tolist())
+
+
+def test_no_cut_rows_are_plain_draws(device):
+    """top_k >= finite tokens, top_p 1 and min_p 0 are no cut: the unrestricted draw."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 90, generator=g)
+    logits[1, 5:] = NEG_INF
+    logits[3] = NEG_INF  # nothing finite: token 0
+    inv = torch.tensor([1.0, 2.0, 0.0, 1.0])
+    k = torch.tensor([-1, 5, 3, 2], dtype=torch.int32)
+    p, lmp = torch.ones(4), torch.full((4,), NEG_INF)
+    seeds, pos = torch.arange(4, dtype=torch.int64), torch.arange(4, dtype=torch.int64)
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
+    assert torch.equal(got, gumbel_sample_ref(logits, inv, seeds, pos))
+    assert paths.tolist() == [0, 0, 0, 0] and int(got[3]) == 0 and int(got[1]) < 5
+
+
+def test_draws_just_outside_the_top_k(device):
+    """k + 1 close leaders far above the rest: about one draw in k + 1 lands on the
+    (k + 1)-th, which has exactly k tokens above it (count{x > x_t} = k: cut)."""
+    n, vocab, k = 48, 130, 3
+    logits = torch.full((n, vocab), -6.0)
+    logits[:, [9, 70, 33, 100]] = torch.tensor([5.3, 5.2, 5.1, 5.0])
+    inv = torch.ones(n)
+    kk = torch.full((n,), k, dtype=torch.int32)
+    p = torch.tensor([1.0, 0.95, 1.0, 0.8] * 12)  # top-k alone and with top-p
+    lmp = torch.where(torch.arange(n) % 4 == 2, torch.tensor(0.001).log(), NEG_INF)
+    seeds = torch.full((n,), 3, dtype=torch.int64)
+    pos = torch.arange(n, dtype=torch.int64)
+    free = gumbel_sample_ref(logits, inv, seeds, pos)
+    assert int((free == 100).sum()) >= 4, "some draws should fall on the (k + 1)-th token"
+    got, paths = _run(device, logits, inv, kk, p, lmp, seeds, pos)
+    want = _reference(logits, inv, kk, p, lmp, seeds, pos)
+    assert torch.equal(got, want) and not bool((want == 100).any())
+    # the leaders sit in four lanes: L = v_k, so every draw inside the cut is kept at once
+    inside = logits.gather(1, free[:, None])[:, 0] >= top_k_top_p_threshold_ref(logits, inv, kk, p, lmp)
+    assert torch.equal(paths, torch.where(inside, 1, 2).int()), paths
+
+
+def test_lower_bound_one_short_of_the_kth(device):
+    """Lane 0 holds three of the top four (columns 0, 64, 128), so the lanes' top-two
+    lists give L = the 5th largest: count{x > L} = k exactly, L != v_k, and Z_B must not
+    be taken as mass{x >= L} (that would keep draws the top-p cut removes)."""
+    n, vocab = 24, 130
+    logits = torch.full((n, vocab), -4.0)
+    logits[:, [0, 64, 128, 5, 6, 7]] = torch.tensor([2.0, 1.8, 1.6, 1.5, 1.4, 1.3])
+    inv = torch.ones(n)
+    k = torch.full((n,), 4, dtype=torch.int32)
+    p = torch.tensor([0.5, 0.6, 0.7, 0.75, 0.8, 0.85] * 4)
+    lmp = torch.full((n,), NEG_INF)
+    seeds = torch.full((n,), 11, dtype=torch.int64)
+    pos = torch.arange(n, dtype=torch.int64)
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
+    assert torch.equal(got, _reference(logits, inv, k, p, lmp, seeds, pos))
+    # Z_B is unknown after read 2: every draw off the maximum is settled from the candidates
+    free = gumbel_sample_ref(logits, inv, seeds, pos)
+    assert torch.equal(paths, torch.where(free == 0, 1, 2).int()), paths
+    assert 2 in paths.tolist()
+
+
+def test_draws_exactly_at_the_min_p_threshold(device):
+    """Tokens whose x equals max + log(min_p) to the bit are kept, and a draw on one of
+    them is kept at once (path 1), with min-p alone and with top-p."""
+    n, vocab = 24, 70
+    lmp = torch.full((n,), 0.5).log()  # float32 log(0.5)
+    logits = torch.full((n, vocab), -5.0)
+    logits[:, 0] = 0.0
+    logits[:, [3, 40, 66]] = lmp[0]  # max + log(min_p): on the threshold
+    logits[:, [7, 50]] = torch.nextafter(lmp[0], torch.tensor(-1.0))  # just under it
+    inv = torch.ones(n)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.tensor([1.0, 0.97] * 12)
+    seeds = torch.full((n,), 9, dtype=torch.int64)
+    pos = torch.arange(n, dtype=torch.int64)
+    thr = top_k_top_p_threshold_ref(logits, inv, k, p, lmp)
+    assert bool((thr == lmp).all())
+    free = gumbel_sample_ref(logits, inv, seeds, pos)
+    on_thr = (free == 3) | (free == 40) | (free == 66)
+    assert int(on_thr.sum()) >= 3
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
+    assert torch.equal(got, _reference(logits, inv, k, p, lmp, seeds, pos))
+    inside = logits.gather(1, free[:, None])[:, 0] >= thr
+    assert torch.equal(paths, torch.where(inside, 1, 2).int()), paths
+
+
+def test_draw_next_to_the_maximum_is_still_cut(device):
+    """Only a draw *on* the maximum is kept without read 2; one a hair below it is cut by
+    top-k 1 or top-p 0.3 (the maximum alone holds ~half the mass)."""
+    n, vocab = 16, 70
+    logits = torch.full((n, vocab), -5.0)
+    logits[:, 10] = 3.0
+    logits[:, 20] = 2.99
+    inv = torch.ones(n)
+    k = torch.tensor([1, -1] * 8, dtype=torch.int32)
+    p = torch.tensor([1.0, 0.3] * 8)
+    lmp = torch.full((n,), NEG_INF)
+    seeds = torch.full((n,), 21, dtype=torch.int64)
+    pos = torch.arange(n, dtype=torch.int64)
+    free = gumbel_sample_ref(logits, inv, seeds, pos)
+    assert 10 in free.tolist() and 20 in free.tolist()
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
+    assert torch.equal(got, _reference(logits, inv, k, p, lmp, seeds, pos)) and bool((got == 10).all())
+    assert torch.equal(paths, torch.where(free == 10, 1, 2).int()), paths
