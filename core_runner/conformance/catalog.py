@@ -24,14 +24,18 @@ class Check:
     func: str  # "module:function" inside core_runner.conformance
     capability: str | None = None
     gpu: bool = False  # needs a CUDA device (tier gpu)
+    task: str | None = "generate"  # the task a registration must serve (None: any)
 
 
 def _c(id: str, scope: str, func: str, statement: str, **kw) -> Check:
     group = {"REG": "registration", "STATE": "state", "EQ": "equivalence", "BOUND": "bounds"}[id.split("-")[1]]
+    if group == "registration":
+        kw.setdefault("task", None)
     return Check(id=id, group=group, scope=scope, statement=statement, func=func, **kw)
 
 
 _R, _S, _E, _B = "checks_registration", "checks_state", "checks_equivalence", "checks_bounds"
+_P = "checks_pooling"
 
 CHECKS: tuple[Check, ...] = (
     _c("CR-REG-01", "plugin", f"{_R}:fresh_process_load",
@@ -86,6 +90,13 @@ CHECKS: tuple[Check, ...] = (
        capability="triton_attention", gpu=True),
     _c("CR-EQ-09", "capability", f"{_E}:prefix_hit_equals_miss",
        "A prefix-cache hit gives the same output as a miss.", capability="prefix_caching"),
+    _c("CR-EQ-10", "example", f"{_P}:embeddings_match_reference",
+       "Embeddings equal the reference class's final hidden states pooled the same way (every pooling type "
+       "the model accepts, raw and L2-normalised) within 1e-4, for prompts of mixed lengths in one batch.",
+       task="embed"),
+    _c("CR-EQ-11", "example", f"{_P}:embedding_independent_of_batch_row_and_chunks",
+       "A prompt's embedding does not depend on its batch, its row (reused after other requests) or, with "
+       "chunked prefill, on how the prompt is split into chunks (within 1e-5).", task="embed"),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),

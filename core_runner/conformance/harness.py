@@ -125,6 +125,12 @@ class Reference:
         with torch.no_grad():
             return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0].float()
 
+    def hidden(self, seq: list[int]) -> torch.Tensor:
+        """[len(seq), hidden]: the reference's final hidden states (embedding models)."""
+        ids = torch.tensor([seq], dtype=torch.long)
+        with torch.no_grad():
+            return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0].float()
+
     def logits(self, seq: list[int]) -> torch.Tensor:
         """[len(seq), vocab]: row i predicts token i + 1."""
         key = tuple(seq)
