@@ -48,6 +48,15 @@ def test_broken_plugin_fails_under_its_check_id(fixture, checks, culprit, eviden
     assert checks_by_id["CR-EQ-01"]["outcome"] == "passed"  # the model itself is right
 
 
+def test_wrong_embeddings_fail_cr_eq_10():
+    pytest.importorskip("core_runner_pooling", reason="pip install -e plugins/pooling (requirements-dev)")
+    report = _suite("wrong_pooling", ["CR-EQ-10", "CR-EQ-11"])
+    checks_by_id = _by_id(report)
+    assert checks_by_id["CR-EQ-10"]["outcome"] == "failed", report["checks"]
+    assert "embedding differs" in checks_by_id["CR-EQ-10"]["message"]
+    assert checks_by_id["CR-EQ-11"]["outcome"] == "passed"  # consistent, just wrong
+
+
 def test_state_machine_finds_a_stale_row_and_prints_the_steps():
     report = _suite("stale_row", ["CR-STATE-06"])
     machine = _by_id(report)["CR-STATE-06"]
