@@ -10,7 +10,8 @@ routes each of them into its slice with the shard id ``(expert, "gate"|"up"|"dow
 sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)). Routing (the ids and weights) is the
 caller's: see ``core_runner.layers.moe_routing``. The torch reference (a loop over the
 experts) runs on the CPU / torch backend; the Triton grouped GEMM
-(``core_runner.kernels.fused_moe``) runs when the step's attention backend is Triton.
+(``core_runner.kernels.fused_moe``) runs where the other layers' Triton kernels do
+(``forward_context.use_triton_kernels``).
 """
 from __future__ import annotations
 
@@ -89,18 +90,15 @@ class FusedMoE(nn.Module):
         self.w13 = _StackedExpertWeight(num_experts, 2 * intermediate_size, hidden_size, ("gate", "up"))
         self.w2 = _StackedExpertWeight(num_experts, hidden_size, intermediate_size, ("down",))
 
-    def _use_triton(self) -> bool:
+    def _use_triton(self, hidden: torch.Tensor) -> bool:
         if self.impl != "auto":
             return self.impl == "triton"
-        from core_runner.forward_context import get_forward_context
+        from core_runner.forward_context import use_triton_kernels
 
-        try:
-            return getattr(get_forward_context().backend, "name", "torch") == "triton"
-        except RuntimeError:  # called outside a step: the device decides
-            return self.w13.weight.is_cuda
+        return use_triton_kernels(hidden)
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        if self._use_triton():
+        if self._use_triton(hidden):
             from core_runner.kernels.fused_moe import fused_moe_triton
 
             return fused_moe_triton(hidden, self.w13.weight, self.w2.weight, topk_weights, topk_ids)
