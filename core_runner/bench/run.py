@@ -3,11 +3,9 @@ weights) or any checkpoint, timing output tok/s, TTFT and TPOT, against the roof
 and, with ``--peer``, the transformers continuous-batching peer in the same call."""
 from __future__ import annotations
 
-import cProfile
 import json
 import logging
 import os
-import pstats
 import statistics
 import subprocess
 import sys
@@ -17,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from core_runner.bench.profile import profile_pass
 from core_runner.bench.roofline import decode_roofline_tok_s
 from core_runner.bench.workloads import make_random_checkpoint, make_workload, qwen3_0p6b_config
 
@@ -106,89 +105,8 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     if eng.runner.device.type == "cuda":
         res["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if profile_steps:
-        res.update(_profile_pass(eng, add_all, profile_steps))
+        res.update(profile_pass(eng, add_all, profile_steps))
     return res
-
-
-def _profile_pass(eng, add_all, profile_steps: int) -> dict:
-    """The workload again, outside the clock: ``profile_steps`` decode steps under the torch
-    profiler (GPU idle, top kernels), then as many under cProfile (host), then abort."""
-    add_all("p")
-    prof_at = 100 if len(eng.scheduler.requests) >= 64 else 10
-    found: dict = {}
-    prof = host = None
-    for step in range(prof_at + 2 * profile_steps):
-        if not eng.has_unfinished_requests():
-            break
-        if step == 2 and prof_at > 10:  # a prefill-heavy step of the first wave
-            pre = _start_profile()
-        if step == 4 and prof_at > 10:
-            found["prefill_top_kernels"] = _stop_profile(pre, 2)["top_kernels"]
-        if step == prof_at:
-            prof = _start_profile()
-        elif step == prof_at + profile_steps:
-            found.update(_stop_profile(prof, profile_steps))
-            prof = None
-            host = cProfile.Profile()
-            host.enable()
-        eng.step()
-    if prof is not None:
-        found.update(_stop_profile(prof, profile_steps))
-    if host is not None:
-        host.disable()
-        found["host_top"] = _host_top(host, profile_steps)
-    for rid in list(eng.scheduler.requests):
-        eng.abort_request(rid)
-    while eng.has_unfinished_requests():
-        eng.step()
-    return found
-
-
-def _host_top(prof: "cProfile.Profile", num_steps: int, n: int = 15) -> list[dict]:
-    """The functions with the most host time of their own, in ms per step."""
-    st = pstats.Stats(prof)
-    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:n]  # (cc, nc, tottime, cumtime, callers)
-    return [{"func": f"{Path(k[0]).name}:{k[1]}({k[2]})", "tot_ms_per_step": 1e3 * v[2] / num_steps,
-             "cum_ms_per_step": 1e3 * v[3] / num_steps, "calls_per_step": v[1] / num_steps} for k, v in rows]
-
-
-def _start_profile():
-    from torch.profiler import ProfilerActivity, profile
-
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-    prof.__enter__()
-    return prof
-
-
-def _stop_profile(prof, num_steps: int = 1) -> dict:
-    """GPU idle share over the profiled steps (1 - union of kernel intervals / span) and
-    the kernels that took the most device time, in microseconds per step."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    prof.__exit__(None, None, None)
-    cuda = [e for e in prof.events()
-            if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in cuda)
-    per_name: dict[str, list[float]] = {}
-    for e in cuda:
-        acc = per_name.setdefault(e.name[:90], [0.0, 0])
-        acc[0] += e.time_range.end - e.time_range.start
-        acc[1] += 1
-    top = sorted(per_name.items(), key=lambda kv: -kv[1][0])[:15]
-    kernels = [{"name": k, "us_per_step": v[0] / num_steps, "calls_per_step": v[1] / num_steps} for k, v in top]
-    if not spans:
-        return {"gpu_idle_frac": float("nan")}
-    busy, cur_s, cur_e = 0.0, *spans[0]
-    for s, e in spans[1:]:
-        if s > cur_e:
-            busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    busy += cur_e - cur_s
-    span = spans[-1][1] - spans[0][0]
-    return {"gpu_idle_frac": 1 - busy / span, "profiled_span_ms": span / 1e3, "top_kernels": kernels,
-            "gpu_busy_ms_per_step": busy / 1e3 / num_steps}
 
 
 def run_peer(model: str, workload_name: str, num_requests: int | None, device: str, timeout: int) -> dict:
