@@ -62,15 +62,26 @@ def _chunk_table_kernel(
 
 
 @triton.jit
-def _chunk_dt(dt_ptr, t, tm, h, stride_dtt, dtb, A, dt_min, dt_max, HAS_LIMIT: tl.constexpr):
-    """dt' (bias, softplus as torch with threshold 20, clamp; 0 past the chunk) and the
-    cumulative sum of dt' A over the chunk."""
+def _chunk_tokens_dt(
+    c, i, h, dt_ptr, A_ptr, dtb_ptr, cstart_ptr, qsl_ptr, dt_min, dt_max, stride_dtt,
+    HAS_LIMIT: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Chunk c of request i: lanes ti, tokens t and their mask tm (tokens of the chunk,
+    cut at the request's end), dt' (bias, softplus as torch with threshold 20, clamp; 0
+    past the chunk) and the cumulative sum of dt' A over the chunk."""
+    start = tl.load(cstart_ptr + c).to(tl.int64)
+    end = tl.minimum(start + CHUNK, tl.load(qsl_ptr + i + 1).to(tl.int64))
+    ti = tl.arange(0, CHUNK)
+    t = start + ti
+    tm = t < end
+    A = tl.load(A_ptr + h).to(tl.float32)
+    dtb = tl.load(dtb_ptr + h).to(tl.float32)
     dt = tl.load(dt_ptr + t * stride_dtt + h, mask=tm, other=0.0).to(tl.float32) + dtb
     dt = tl.where(dt > 20.0, dt, tl.log(1.0 + tl.exp(dt)))
     if HAS_LIMIT:
         dt = tl.minimum(tl.maximum(dt, dt_min), dt_max)
     dt = tl.where(tm, dt, 0.0)
-    return dt, tl.cumsum(dt * A, axis=0)
+    return ti, t, tm, dt, tl.cumsum(dt * A, axis=0)
 
 
 @triton.jit
@@ -86,14 +97,8 @@ def _chunk_state_kernel(
     i = tl.load(creq_ptr + c)
     if i < 0:  # past the step's last chunk
         return
-    start = tl.load(cstart_ptr + c).to(tl.int64)
-    end = tl.minimum(start + CHUNK, tl.load(qsl_ptr + i + 1).to(tl.int64))
-    ti = tl.arange(0, CHUNK)
-    t = start + ti
-    tm = t < end
-    A = tl.load(A_ptr + h).to(tl.float32)
-    dt, cum = _chunk_dt(dt_ptr, t, tm, h, stride_dtt, tl.load(dtb_ptr + h).to(tl.float32), A, dt_min, dt_max,
-                        HAS_LIMIT)
+    ti, t, tm, dt, cum = _chunk_tokens_dt(c, i, h, dt_ptr, A_ptr, dtb_ptr, cstart_ptr, qsl_ptr, dt_min, dt_max,
+                                          stride_dtt, HAS_LIMIT, CHUNK)
     total = tl.sum(tl.where(ti == CHUNK - 1, cum, 0.0), axis=0)  # padded lanes add 0: the chunk's sum
     w = tl.exp(total - cum) * dt  # weight of token s in the chunk-end state
     p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
@@ -160,14 +165,8 @@ def _chunk_out_kernel(
     i = tl.load(creq_ptr + c)
     if i < 0:
         return
-    start = tl.load(cstart_ptr + c).to(tl.int64)
-    end = tl.minimum(start + CHUNK, tl.load(qsl_ptr + i + 1).to(tl.int64))
-    ti = tl.arange(0, CHUNK)
-    t = start + ti
-    tm = t < end
-    A = tl.load(A_ptr + h).to(tl.float32)
-    dt, cum = _chunk_dt(dt_ptr, t, tm, h, stride_dtt, tl.load(dtb_ptr + h).to(tl.float32), A, dt_min, dt_max,
-                        HAS_LIMIT)
+    ti, t, tm, dt, cum = _chunk_tokens_dt(c, i, h, dt_ptr, A_ptr, dtb_ptr, cstart_ptr, qsl_ptr, dt_min, dt_max,
+                                          stride_dtt, HAS_LIMIT, CHUNK)
     p = pb * BLOCK_P + tl.arange(0, BLOCK_P)
     pm = p < P
     g = h // heads_per_group

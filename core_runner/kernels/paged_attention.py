@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from core_runner.kernels.request_lookup import request_of_program
+
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
 
@@ -89,20 +91,7 @@ def _attn_kernel(
 
     # ---- which tokens this program serves: [tok0, q_end) capped at BLOCK_Q, ctx seq_len
     if pid < num_main:
-        if ONE_BLOCK_PER_REQ:
-            req = pid
-            tok0 = tl.load(qsl_ptr + req)
-        else:
-            lo = pid * 0
-            hi = lo + num_reqs
-            while hi - lo > 1:  # last req with qsl[req] // BLOCK_Q + req <= pid
-                mid = (lo + hi) // 2
-                go_right = tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= pid
-                lo = tl.where(go_right, mid, lo)
-                hi = tl.where(go_right, hi, mid)
-            req = lo
-            q_start = tl.load(qsl_ptr + req)
-            tok0 = q_start + (pid - (q_start // BLOCK_Q + req)) * BLOCK_Q
+        req, tok0 = request_of_program(qsl_ptr, pid, num_reqs, BLOCK_Q, ONE_BLOCK_PER_REQ)
         q_end = tl.load(qsl_ptr + req + 1)
         seq_len = tl.load(seq_lens_ptr + req)
     else:  # padding tokens past qsl[-1]: an empty context, so zeros are written
