@@ -102,6 +102,8 @@ def run_sampler_bench(
         **{f"sampler_{name}_ms": 1e3 * secs[name] for name in other},
         "top_p_rows_kept_redrawn_searched": _top_p_paths(logits, top_p_meta) if sampler.use_triton else None,
     }
+    if sampler.use_triton:
+        res["tile_sweep_ms"] = _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup)
     for key in ("top_p", "torch_softmax_multinomial"):
         extra = _peak_extra_bytes(fns[key], dev)
         res[f"{key}_peak_extra_mib"] = None if extra is None else extra / 2**20
@@ -116,6 +118,27 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
     sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, paths=paths)
     counts = torch.bincount(paths.long(), minlength=4).tolist()
     return counts[1:4]
+
+
+def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
+    """Both kernels (cut sampler on the top-p case, plain Gumbel on temperature only) at a
+    few tile widths and warp counts: which launch shape the defaults should take."""
+    from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+    from core_runner.kernels.gumbel_sample import gumbel_sample_triton
+
+    m, t = top_p_meta, temp_meta
+    out = {}
+    for block in (1024, 2048, 4096):
+        for warps in (4, 8, 16):
+            if block // (32 * warps) < 2:
+                continue
+            cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
+                                                  m.log_min_p, block=block, num_warps=warps)
+            plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
+                                                 num_warps=warps)
+            out[f"top_p_b{block}_w{warps}"] = 1e3 * _time(cut, dev, iters, warmup)
+            out[f"temp_b{block}_w{warps}"] = 1e3 * _time(plain, dev, iters, warmup)
+    return out
 
 
 def format_sampler_result(r: dict) -> str:
@@ -134,6 +157,8 @@ def format_sampler_result(r: dict) -> str:
             kept, redrawn, searched = r["top_p_rows_kept_redrawn_searched"]
             line += f"; top-p rows: {kept} draws kept, {redrawn} redrawn, {searched} searched"
         lines.append(line)
+    if r.get("tile_sweep_ms"):
+        lines.append("  launch shapes (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["tile_sweep_ms"].items()))
     if r.get("top_p_peak_extra_mib") is not None:
         lines.append(f"  peak extra memory: sampler {r['top_p_peak_extra_mib']:.1f} MiB, torch "
                      f"{r['torch_softmax_multinomial_peak_extra_mib']:.1f} MiB (logits {r['logits_mib']:.0f} MiB)")

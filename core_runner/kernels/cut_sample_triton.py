@@ -181,7 +181,7 @@ def _finish(cx_ptr, ci_ptr, n_c, t, x_t, m, t_min, k, topk_on, p, zb, k1, k2,
 @triton.jit
 def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_ptr,
              FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
-             NP: tl.constexpr, NSD: tl.constexpr, NS: tl.constexpr):
+             NP: tl.constexpr, NT: tl.constexpr, NSD: tl.constexpr, NS: tl.constexpr):
     """(token, path) of a row with a cut, given its unrestricted draw t and read-1 stats."""
     topk_on = (k > 0) & (k < n_fin)
     m = tl.max(a1, axis=0)
@@ -194,8 +194,8 @@ def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_
         # min-p alone: the threshold t_min is known, no second read for a kept draw
         if x_t < t_min:
             path = 2
-            t, _a1, _a2, _nf = gumbel_pass(row, vocab, inv_t, t_min, k1, k2, True, False, False, FAST_LOG, BLOCK,
-                                           NSD)
+            t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, t_min, k1, k2, True, False, False, False,
+                                                    FAST_LOG, BLOCK, NT, NSD)
     else:
         lk_ok = topk_on & (p < 1.0) & (k <= 2 * BLOCK)  # L is only needed for Z_B
         big_l = float("inf")  # L: a lower bound of v_k (+inf: none)
@@ -226,8 +226,58 @@ def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_
                 if in_b & z_known & (a_gt >= p * z_b):
                     lo_p = x_t  # mass{x >= x_t} >= p * Z_B: v_p >= x_t
                 thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, lo_k, lo_p, cx_ptr, SBLOCK, NP, CAP)
-                t, _a1, _a2, _nf = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, FAST_LOG, BLOCK,
-                                               NSD)
+                t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
+                                                        FAST_LOG, BLOCK, NT, NSD)
+    return t, path
+
+
+@triton.jit
+def _above_tiles(row, vocab, inv_t, m, x_t, tmax, cx_ptr, ci_ptr, BLOCK: tl.constexpr, NT: tl.constexpr,
+                 CAP: tl.constexpr):
+    """Read 2 of a top-p-only row, over the tiles whose max (read 1) is above x_t only:
+    A = mass{x > x_t} and C = {x > x_t}, counted and stored in column order (at most CAP)."""
+    lanes = tl.arange(0, BLOCK)
+    tiles = tl.arange(0, NT)
+    a = tl.zeros([BLOCK], dtype=tl.float32)
+    n_c = tl.zeros([], tl.int32)
+    for j in range(0, tl.cdiv(vocab, BLOCK)):
+        if tl.max(tl.where(tiles == j, tmax, -float("inf")), axis=0) > x_t:
+            cols = j * BLOCK + lanes
+            x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
+            gt = x > x_t
+            a += tl.where(gt, tl.exp(x - m), 0.0)
+            sel = gt.to(tl.int32)
+            at = n_c + tl.cumsum(sel, axis=0) - 1
+            put = gt & (at < CAP)
+            tl.store(cx_ptr + at, x, mask=put, cache_modifier=".cg")
+            tl.store(ci_ptr + at, cols, mask=put, cache_modifier=".cg")
+            n_c += tl.sum(sel, axis=0)
+    return tl.sum(a, axis=0), n_c
+
+
+@triton.jit
+def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_ptr, ci_ptr,
+               FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
+               NP: tl.constexpr, NT: tl.constexpr, NSD: tl.constexpr, NS: tl.constexpr):
+    """(token, path) of a row with top-p and no other cut: Z_B = Z came with read 1, and
+    read 2 touches only the tiles holding tokens above the draw (see the module docstring)."""
+    m = tl.max(a1, axis=0)
+    x_t = tl.load(row + t).to(tl.float32) * inv_t
+    path = 1
+    if x_t < m:
+        a_gt, n_c = _above_tiles(row, vocab, inv_t, m, x_t, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
+        if not (a_gt < p * z):
+            path = 2
+            if n_c <= CAP:
+                tl.debug_barrier()  # the candidates were stored by other threads
+                t = _finish(cx_ptr, ci_ptr, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
+            else:
+                path = 3
+                mn = _min_finite(row, vocab, inv_t, BLOCK, NS)
+                # A >= p * Z: mass{x >= x_t} reaches the target, so v_p >= x_t
+                thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, x_t, cx_ptr, SBLOCK, NP, CAP)
+                t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
+                                                        FAST_LOG, BLOCK, NT, NSD)
     return t, path
 
 
@@ -236,7 +286,7 @@ def _cut_sample_kernel(
     logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
     cand_x_ptr, cand_i_ptr, out_ptr, path_ptr, vocab,
     FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr, NP: tl.constexpr,
-    NSD: tl.constexpr, NS: tl.constexpr,
+    NT: tl.constexpr, NSD: tl.constexpr, NS: tl.constexpr,
 ):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
@@ -247,16 +297,24 @@ def _cut_sample_kernel(
         k = tl.load(top_k_ptr + i)
         p = tl.load(top_p_ptr + i)
         lmp = tl.load(lmp_ptr + i)
-        if (k > 0) & (p < 1.0):  # the lanes' second maxima are only needed for top-k + top-p
-            t, a1, a2, n_fin = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, True, FAST_LOG, BLOCK,
-                                           NSD)
+        cx_ptr = cand_x_ptr + i.to(tl.int64) * CAP
+        ci_ptr = cand_i_ptr + i.to(tl.int64) * CAP
+        if (k <= 0) & (p < 1.0) & (lmp == -float("inf")):  # top-p alone: Z and tile maxima from read 1
+            t, a1, a2, n_fin, z, tmax = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, False, True,
+                                                    FAST_LOG, BLOCK, NT, NSD)
+            if n_fin > 0:
+                t, path = _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_ptr, ci_ptr,
+                                     FAST_LOG, BLOCK, CAP, SBLOCK, NP, NT, NSD, NS)
         else:
-            t, a1, a2, n_fin = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, False, FAST_LOG, BLOCK,
-                                           NSD)
-        if (n_fin > 0) & (((k > 0) & (k < n_fin)) | (p < 1.0) | (lmp > -float("inf"))):
-            t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2,
-                               cand_x_ptr + i.to(tl.int64) * CAP, cand_i_ptr + i.to(tl.int64) * CAP,
-                               FAST_LOG, BLOCK, CAP, SBLOCK, NP, NSD, NS)
+            if (k > 0) & (p < 1.0):  # the lanes' second maxima are only needed for top-k + top-p
+                t, a1, a2, n_fin, z, tmax = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, True, False,
+                                                        FAST_LOG, BLOCK, NT, NSD)
+            else:
+                t, a1, a2, n_fin, z, tmax = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, False, False,
+                                                        FAST_LOG, BLOCK, NT, NSD)
+            if (n_fin > 0) & (((k > 0) & (k < n_fin)) | (p < 1.0) | (lmp > -float("inf"))):
+                t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_ptr,
+                                   FAST_LOG, BLOCK, CAP, SBLOCK, NP, NT, NSD, NS)
         tok = t
     else:
         tok = argmax_pass(row, vocab, BLOCK, NSD)
@@ -267,7 +325,7 @@ def _cut_sample_kernel(
 def sample_with_cuts_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor | None = None,
-    block: int = 1024, cap: int = 1024, search_block: int = 64, num_pivots: int = 16, num_warps: int = 8,
+    block: int = 2048, cap: int = 1024, search_block: int = 64, num_pivots: int = 16, num_warps: int = 8,
     paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1,
 ) -> torch.Tensor:
     """[n, V] logits -> [n] int64 tokens: the token of ``gumbel_sample_ref`` under the
@@ -293,6 +351,7 @@ def sample_with_cuts_triton(
             top_k.to(torch.int32).contiguous(), top_p.float().contiguous(), log_min_p.float().contiguous(),
             cand_x, cand_i, out, paths, vocab,
             FAST_LOG=use_fast_log(dev), BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,
-            NSD=draw_stages, NS=sum_stages, num_warps=num_warps,
+            NT=triton.next_power_of_2(triton.cdiv(vocab, block)), NSD=draw_stages, NS=sum_stages,
+            num_warps=num_warps,
         )
     return out

@@ -20,9 +20,21 @@ noise is -log(-log(u)). The inner log must be accurate in *relative* terms near 
 log takes values in [6e-8, 17] where an absolute error of ~1e-7 is harmless, so on an
 NVIDIA GPU it is ``libdevice.fast_logf`` (one lg2.approx), and ``tl.log`` elsewhere
 (the interpreter has no libdevice): CPU and GPU noise agree to ~1e-7, as two libms do.
-u is clamped below 1 as in rng.py. A pass is compute-bound (~60 instructions per element
-on sm_90: hash ~20, logf ~22): it loads the next tile before hashing the current one,
-which hides the load latency without the shared-memory staging of a pipelined loop.
+u is clamped below 1 as in rng.py. It loads the next tile before working on the current
+one, which hides the load latency without the shared-memory staging of a pipelined loop.
+
+Most tokens never get the two logs (they cost ~30 instructions of a ~50-instruction
+token; the pass would be compute-bound): once a tile has set the row's best noisy value
+B, a token can only win if x + g >= B, and its noise is bounded by its hash alone.
+With W = 2**24 - 1 - (top 24 bits of h), 1 - u >= W / 2**24 and -log(u) >= 1 - u, so
+g = -log(-log(u)) <= log(2**24 / W): the token is skipped when W > 2**24 exp(x - B + eps)
+(one exp2 and a float compare of the bit pattern 2**23 + W / 2, no int->float
+conversion; eps covers the float error of the noise and of x + g). A tile with no
+token left is skipped; so is a tile whose max is over G_MAX (the noise of U_MAX) below
+B, before hashing. Skipped tokens lie strictly below B, so the token and its tie rule
+(first index) are those of the full computation. The expected number of tokens that
+pass the test in a tile is about (the tile's share of the mass) / (the share seen so
+far), whatever the distribution: a handful of the ~75 tiles of a 151,936 row.
 
 ``gumbel_pass`` and ``argmax_pass`` are shared with the fused cut sampler
 (``cut_sample_triton.py``), which also asks ``gumbel_pass`` for the row statistics it
@@ -41,6 +53,8 @@ from triton.language.extra import libdevice
 _GOLDEN = tl.constexpr(0x9E3779B1)
 _U_MAX = tl.constexpr(1.0 - 2.0**-24)
 _BIG = tl.constexpr(2**31 - 1)
+# the largest noise -log(-log(U_MAX)) = 16.6355, plus room for the float error
+_G_MAX = tl.constexpr(16.7)
 
 
 def use_fast_log(device: torch.device) -> bool:
@@ -78,14 +92,23 @@ def col_hash(cols):
 @triton.jit
 def hash_uniform(hc, k1, k2):
     """float32 uniforms in (0, 1) of the columns whose ``col_hash`` is hc (rng.uniform)."""
-    h = _fmix32(_fmix32(hc ^ k1) ^ k2)
+    return _uniform_of_hash(_fmix32(hc ^ k1) ^ k2)
+
+
+@triton.jit
+def _uniform_of_hash(h):
     return tl.minimum(((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0), _U_MAX)
 
 
 @triton.jit
 def gumbel_noise(hc, k1, k2, FAST_LOG: tl.constexpr):
     """Gumbel noise of the columns whose ``col_hash`` is hc (rng.gumbel)."""
-    e = -tl.log(hash_uniform(hc, k1, k2))
+    return _noise_of_hash(_fmix32(hc ^ k1) ^ k2, FAST_LOG)
+
+
+@triton.jit
+def _noise_of_hash(h, FAST_LOG: tl.constexpr):
+    e = -tl.log(_uniform_of_hash(h))
     if FAST_LOG:
         g = -libdevice.fast_logf(e)
     else:
@@ -101,18 +124,35 @@ def first_argmax(best, idx):
 
 
 @triton.jit
+def _could_reach(x, h, best_row):
+    """False only where x + noise(h) < best_row for sure (see the module docstring)."""
+    # 2**23 + floor(W / 2) as a float, W = 2**24 - 1 - (top 24 bits of h): 1 - u >= W / 2**24
+    wf = (((h ^ 0xFFFFFFFF) >> 9) | 0x4B000000).to(tl.float32, bitcast=True)
+    margin = 1e-3 + 4e-6 * tl.abs(best_row)  # float error of the noise and of x + noise
+    r = 8388608.0 + 8388608.0 * tl.math.exp2((x - best_row + margin) * 1.4426950408889634)
+    return ~(wf > r)  # a NaN bound (inf - inf) counts as "could"
+
+
+@triton.jit
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
-                TOP2: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr):
+                TOP2: tl.constexpr, ZSTATS: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
+                NT: tl.constexpr, NS: tl.constexpr):
     """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read.
 
-    Returns (token, lane max of x, lane second max of x (TOP2), number of finite x);
-    the statistics are computed when STATS is set (before the threshold)."""
+    Returns (token, lane max of x, lane second max of x (TOP2), number of finite x, row
+    mass Z = sum exp(x - max x) (ZSTATS), tile maxima of x (ZSTATS: [NT], -inf past the
+    last tile)); the statistics are computed when STATS is set (before the threshold)."""
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], -float("inf"), tl.float32)
+    best_row = tl.full([], -float("inf"), tl.float32)  # max of best: a token that can win reaches it
     bidx = lanes
     a1 = tl.full([BLOCK], -float("inf"), tl.float32)
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
     nf = tl.zeros([BLOCK], dtype=tl.int32)
+    tiles = tl.arange(0, NT)
+    tmax = tl.full([NT], -float("inf"), tl.float32)
+    zm = tl.full([], -float("inf"), tl.float32)  # running max of x and the mass relative to it
+    z = tl.zeros([], tl.float32)
     hc = col_hash(lanes)
     nxt = tl.load(row + lanes, mask=lanes < vocab, other=-float("inf"))
     for start in tl.range(0, vocab, BLOCK, num_stages=NS):
@@ -125,14 +165,33 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
             if TOP2:
                 a2 = tl.maximum(a2, tl.minimum(a1, x))
             a1 = tl.maximum(a1, x)
+        xm = tl.max(x, axis=0)
+        if ZSTATS:
+            tm = xm
+            tmax = tl.where(tiles == start // BLOCK, tm, tmax)
+            new_m = tl.maximum(zm, tm)
+            safe_m = tl.where(new_m > -float("inf"), new_m, 0.0)
+            s = tl.sum(tl.math.exp2((x - safe_m) * 1.4426950408889634), axis=0)
+            z = z * tl.math.exp2((zm - safe_m) * 1.4426950408889634) + s
+            zm = new_m
         if HAS_THR:
             x = tl.where(x >= thr, x, -float("inf"))
-        v = x + gumbel_noise(hc, k1, k2, FAST_LOG)
-        take = v > best
-        best = tl.where(take, v, best)
-        bidx = tl.where(take, cols, bidx)
+            xm = tl.max(x, axis=0)
+        # noise never exceeds G_MAX (u <= U_MAX): a tile whose max is that far below the
+        # best noisy value cannot win; else only tokens whose hash bounds their noise
+        # high enough get the two logs
+        if xm + _G_MAX >= best_row:
+            h = _fmix32(hc ^ k1) ^ k2
+            if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
+                v = x + _noise_of_hash(h, FAST_LOG)
+                take = v > best
+                best = tl.where(take, v, best)
+                bidx = tl.where(take, cols, bidx)
+                best_row = tl.max(best, axis=0)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
-    return first_argmax(best, bidx), a1, a2, tl.sum(nf, axis=0)
+    if ZSTATS:
+        z = tl.where(zm > -float("inf"), z, 0.0)
+    return first_argmax(best, bidx), a1, a2, tl.sum(nf, axis=0), z, tmax
 
 
 @triton.jit
@@ -163,7 +222,8 @@ def _gumbel_argmax_kernel(
         if HAS_THR:
             thr = tl.load(thr_ptr + i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        tok, _a1, _a2, _nf = gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR, False, False, FAST_LOG, BLOCK, NS)
+        tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR, False, False, False,
+                                                  FAST_LOG, BLOCK, 1, NS)
     else:
         tok = argmax_pass(row, vocab, BLOCK, NS)
     tl.store(out_ptr + i, tok.to(tl.int64))

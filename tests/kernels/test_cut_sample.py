@@ -213,3 +213,32 @@ def test_draw_next_to_the_maximum_is_still_cut(device):
     got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos)
     assert torch.equal(got, _reference(logits, inv, k, p, lmp, seeds, pos)) and bool((got == 10).all())
     assert torch.equal(paths, torch.where(free == 10, 1, 2).int()), paths
+
+
+@pytest.mark.parametrize("cap", [64, 4])
+def test_top_p_alone_reads_only_tiles_above_the_draw(device, cap):
+    """Top-p without top-k or min-p takes its own route: Z and the tile maxima come with
+    the draw, and the second read visits only tiles whose max is above the drawn value.
+    Long rows (47 tiles of 64), peaked rows (the nucleus sits in a few tiles), flat rows
+    (every tile is visited; with cap 4 the candidates overflow and the pivot search
+    runs), a row with its top tokens in the last tile, -inf stretches, tied maxima."""
+    g = torch.Generator().manual_seed(7)
+    n, vocab = 24, 3000
+    scale = torch.tensor([0.3, 1.0, 3.0, 6.0, 12.0, 25.0]).repeat(n // 6)[:, None]
+    logits = torch.randn(n, vocab, generator=g) * scale
+    logits[1::6, -5:] += 40.0  # the top tokens in the last tile
+    logits[2::6, :2500] = NEG_INF
+    logits[3::6, [10, 1500, 2990]] = 200.0  # tied maxima in three tiles
+    logits[4::6] = logits[4::6].round()  # ties everywhere
+    inv = 1 / (torch.rand(n, generator=g) * 1.5 + 0.3)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.rand(n, generator=g) * 0.9 + 0.05
+    lmp = torch.full((n,), NEG_INF)
+    seeds = torch.randint(0, 2**40, (n,), generator=g)
+    pos = torch.randint(0, 1000, (n,), generator=g)
+    args = (logits, inv, k, p, lmp, seeds, pos)
+    got, paths = _run(device, *args, cap=cap)
+    want = _reference(*args)
+    assert torch.equal(got, want), (got != want).nonzero().flatten().tolist()
+    expect = {1, 2} if cap == 64 else {1, 3}
+    assert expect <= set(paths.tolist()), paths
