@@ -52,7 +52,7 @@ for s in "${STAGES[@]}"; do
         2>&1 | tee "$LOG/tests.log" | grep -v -i warning | tail -40;;
     sampler)
       say sampler
-      timeout 120 python3 -m core_runner.cli bench --sampler --json "$LOG/sampler.json" 2>&1 | tee -a "$LOG/bench.log" | tail -15;;
+      timeout 400 python3 -m core_runner.cli bench --sampler --json "$LOG/sampler.json" 2>&1 | tee -a "$LOG/bench.log" | tail -15;;
     qwen)
       say qwen W1 W2 "${PEER[@]}"
       timeout 480 python3 -m core_runner.cli bench --workload W1 W2 --profile-steps 20 "${N[@]}" "${PEER[@]}" \

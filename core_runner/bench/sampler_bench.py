@@ -86,7 +86,10 @@ def run_sampler_bench(
         "torch_softmax_multinomial": lambda: torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1),
         "copy": lambda: dst.copy_(logits),
     }
-    secs = {k: _time(f, dev, iters, warmup) for k, f in fns.items()}
+    secs = {}
+    for k, f in fns.items():
+        secs[k] = _time(f, dev, iters, warmup)
+        print(f"  {k}: {1e3 * secs[k]:.3f} ms", flush=True)
     read_s = secs["copy"] / 2
     nbytes = logits.numel() * logits.element_size()
     res = {
@@ -128,16 +131,15 @@ def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
 
     m, t = top_p_meta, temp_meta
     out = {}
-    for block in (1024, 2048, 4096):
-        for warps in (4, 8, 16):
-            if block // (32 * warps) < 2:
-                continue
+    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
             cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
                                                   m.log_min_p, block=block, num_warps=warps)
             plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
                                                  num_warps=warps)
             out[f"top_p_b{block}_w{warps}"] = 1e3 * _time(cut, dev, iters, warmup)
             out[f"temp_b{block}_w{warps}"] = 1e3 * _time(plain, dev, iters, warmup)
+            print(f"  b{block} w{warps}: top-p {out[f'top_p_b{block}_w{warps}']:.3f} ms, temperature only "
+                  f"{out[f'temp_b{block}_w{warps}']:.3f} ms", flush=True)
     return out
 
 
