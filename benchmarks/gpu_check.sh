@@ -7,6 +7,8 @@
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
+#   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
+#             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
 # Everything printed also goes to bench.log; at most 8 files come back from the device.
@@ -66,9 +68,15 @@ for s in "${STAGES[@]}"; do
     deepseek)
       say deepseek
       FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 --peer-timeout ${PEER_TIMEOUT:-150})  # the HF MoE loop makes a W2 peer run far too long
-      timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
+      [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
       timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W1 W2 "${N[@]}" "${FP[@]}" \
         --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    deepseek-w2peer)
+      say deepseek W2 prefix next to the transformers peer
+      [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
+      timeout 400 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W2 --num-requests ${W2_PEER_N:-4} \
+        --peer W2 --peer-timeout ${PEER_TIMEOUT:-200} --json "$LOG/deepseek_w2peer.json" 2>&1 | tee -a "$LOG/bench.log" \
+        | grep -v Warning | tail -20;;
     embedprof)
       say embed host profile
       timeout 120 python3 -m cProfile -s tottime -m core_runner.cli bench --embed --model .minilm16 --num-requests 2048 \

@@ -13,6 +13,7 @@ little there).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Callable
@@ -57,7 +58,7 @@ def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | N
 
 def run_sampler_bench(
     device: str = "cuda", batch: int = 1024, vocab: int = 151936, temperature: float = 0.7, top_p: float = 0.9,
-    iters: int = 20, warmup: int = 3, seed: int = 0,
+    iters: int = 20, warmup: int = 3, seed: int = 0, sweep: bool = False,
 ) -> dict:
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -105,7 +106,7 @@ def run_sampler_bench(
         **{f"sampler_{name}_ms": 1e3 * secs[name] for name in other},
         "top_p_rows_kept_redrawn_searched": _top_p_paths(logits, top_p_meta) if sampler.use_triton else None,
     }
-    if sampler.use_triton:
+    if sampler.use_triton and sweep:
         res["tile_sweep_ms"] = _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup)
     for key in ("top_p", "torch_softmax_multinomial"):
         extra = _peak_extra_bytes(fns[key], dev)
@@ -170,7 +171,8 @@ def format_sampler_result(r: dict) -> str:
 def sampler_bench(args) -> dict:
     """CLI entry: the target shape on CUDA, a small smoke shape elsewhere."""
     if str(args.device).startswith("cuda"):
-        res = run_sampler_bench(args.device)
+        # CORE_RUNNER_SAMPLER_SWEEP=1: also time other launch shapes (each compiles anew: minutes)
+        res = run_sampler_bench(args.device, sweep=os.environ.get("CORE_RUNNER_SAMPLER_SWEEP") == "1")
     else:
         res = run_sampler_bench(args.device, batch=8, vocab=2048, iters=2, warmup=1)
     print(format_sampler_result(res), flush=True)

@@ -232,27 +232,43 @@ def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_
 
 
 @triton.jit
-def _above_tiles(row, vocab, inv_t, m, x_t, tmax, cx_ptr, ci_ptr, BLOCK: tl.constexpr, NT: tl.constexpr,
+def _above_tiles(row, vocab, inv_t, m, x_t, target, tmax, cx_ptr, ci_ptr, BLOCK: tl.constexpr, NT: tl.constexpr,
                  CAP: tl.constexpr):
-    """Read 2 of a top-p-only row, over the tiles whose max (read 1) is above x_t only:
-    A = mass{x > x_t} and C = {x > x_t}, counted and stored in column order (at most CAP)."""
+    """Read 2 of a top-p-only row, tile by tile in decreasing order of the tile maxima of
+    read 1, over tiles whose max is above x_t only: stores C = {x > x_t} of the visited
+    tiles (at most CAP) and sums their mass A. Stops when every such tile is visited (A
+    is then mass{x > x_t}), or early once A >= target (the draw is out) and the stored
+    tokens above the largest unvisited tile max N hold >= target: they are all of the
+    row's tokens above N, so v_p > N and the stored tokens hold every token >= v_p.
+    Returns (A, number of C tokens seen)."""
     lanes = tl.arange(0, BLOCK)
     tiles = tl.arange(0, NT)
-    a = tl.zeros([BLOCK], dtype=tl.float32)
+    offs = tl.arange(0, CAP)
+    rem = tmax
+    nxt = tl.max(rem, axis=0)
+    a = tl.zeros([], tl.float32)
     n_c = tl.zeros([], tl.int32)
-    for j in range(0, tl.cdiv(vocab, BLOCK)):
-        if tl.max(tl.where(tiles == j, tmax, -float("inf")), axis=0) > x_t:
-            cols = j * BLOCK + lanes
-            x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
-            gt = x > x_t
-            a += tl.where(gt, tl.exp(x - m), 0.0)
-            sel = gt.to(tl.int32)
-            at = n_c + tl.cumsum(sel, axis=0) - 1
-            put = gt & (at < CAP)
-            tl.store(cx_ptr + at, x, mask=put, cache_modifier=".cg")
-            tl.store(ci_ptr + at, cols, mask=put, cache_modifier=".cg")
-            n_c += tl.sum(sel, axis=0)
-    return tl.sum(a, axis=0), n_c
+    covered = tl.zeros([], tl.int32)
+    while (nxt > x_t) & (covered == 0):
+        j = tl.argmax(rem, axis=0)
+        rem = tl.where(tiles == j, -float("inf"), rem)
+        nxt = tl.max(rem, axis=0)
+        cols = j * BLOCK + lanes
+        x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
+        gt = x > x_t
+        a += tl.sum(tl.where(gt, tl.exp(x - m), 0.0), axis=0)
+        sel = gt.to(tl.int32)
+        at = n_c + tl.cumsum(sel, axis=0) - 1
+        put = gt & (at < CAP)
+        tl.store(cx_ptr + at, x, mask=put, cache_modifier=".cg")
+        tl.store(ci_ptr + at, cols, mask=put, cache_modifier=".cg")
+        n_c += tl.sum(sel, axis=0)
+        if (a >= target) & (n_c <= CAP):
+            tl.debug_barrier()  # the candidates were stored by other threads
+            cx = tl.load(cx_ptr + offs, mask=offs < n_c, other=-float("inf"), cache_modifier=".cg")
+            if tl.sum(tl.where(cx > nxt, tl.exp(cx - m), 0.0), axis=0) >= target:
+                covered = 1
+    return a, n_c
 
 
 @triton.jit
@@ -265,7 +281,7 @@ def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_p
     x_t = tl.load(row + t).to(tl.float32) * inv_t
     path = 1
     if x_t < m:
-        a_gt, n_c = _above_tiles(row, vocab, inv_t, m, x_t, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
+        a_gt, n_c = _above_tiles(row, vocab, inv_t, m, x_t, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
         if not (a_gt < p * z):
             path = 2
             if n_c <= CAP:

@@ -233,6 +233,11 @@ def test_top_p_alone_reads_only_tiles_above_the_draw(device, cap):
     inv = 1 / (torch.rand(n, generator=g) * 1.5 + 0.3)
     k = torch.full((n,), -1, dtype=torch.int32)
     p = torch.rand(n, generator=g) * 0.9 + 0.05
+    # one token holds ~4% of the mass, the nucleus at p = 0.03: draws land far outside
+    # it (C = {x > x_t} holds ~40% of the row) and the first tile visited covers the cut
+    logits[5::6] = torch.randn(n // 6, vocab, generator=g) * 0.5
+    logits[5::6, 1234] = 5.0
+    inv[5::6], p[5::6] = 1.0, 0.03
     lmp = torch.full((n,), NEG_INF)
     seeds = torch.randint(0, 2**40, (n,), generator=g)
     pos = torch.randint(0, 1000, (n,), generator=g)
@@ -242,3 +247,9 @@ def test_top_p_alone_reads_only_tiles_above_the_draw(device, cap):
     assert torch.equal(got, want), (got != want).nonzero().flatten().tolist()
     expect = {1, 2} if cap == 64 else {1, 3}
     assert expect <= set(paths.tolist()), paths
+    # rows redrawn from candidates although C = {x > x_t} (x_t: the unrestricted draw) is
+    # over the capacity: the visit stopped early once the stored tokens covered the cut
+    x = logits * inv[:, None]
+    x_t = x.gather(1, gumbel_sample_ref(logits, inv, seeds, pos)[:, None])
+    c_size = (x > x_t).sum(1)
+    assert bool(((paths == 2) & (c_size > cap)).any()) == (cap == 64)
