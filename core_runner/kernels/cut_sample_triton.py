@@ -232,14 +232,15 @@ def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_
 
 
 @triton.jit
-def _above_tiles(row, vocab, inv_t, m, x_t, target, tmax, cx_ptr, ci_ptr, BLOCK: tl.constexpr, NT: tl.constexpr,
-                 CAP: tl.constexpr):
+def _above_tiles(row, vocab, inv_t, m, x_t, incl, target, tmax, cx_ptr, ci_ptr, BLOCK: tl.constexpr,
+                 NT: tl.constexpr, CAP: tl.constexpr):
     """Read 2 of a top-p-only row, tile by tile in decreasing order of the tile maxima of
     read 1, over tiles whose max is above x_t only: stores C = {x > x_t} of the visited
     tiles (at most CAP) and sums their mass A. Stops when every such tile is visited (A
     is then mass{x > x_t}), or early once A >= target (the draw is out) and the stored
     tokens above the largest unvisited tile max N hold >= target: they are all of the
     row's tokens above N, so v_p > N and the stored tokens hold every token >= v_p.
+    With incl set, C = {x >= x_t} instead (x_t is then a floor known to be <= v_p).
     Returns (A, number of C tokens seen)."""
     lanes = tl.arange(0, BLOCK)
     tiles = tl.arange(0, NT)
@@ -249,13 +250,13 @@ def _above_tiles(row, vocab, inv_t, m, x_t, target, tmax, cx_ptr, ci_ptr, BLOCK:
     a = tl.zeros([], tl.float32)
     n_c = tl.zeros([], tl.int32)
     covered = tl.zeros([], tl.int32)
-    while (nxt > x_t) & (covered == 0):
+    while ((nxt > x_t) | ((incl != 0) & (nxt == x_t))) & (covered == 0):
         j = tl.argmax(rem, axis=0)
         rem = tl.where(tiles == j, -float("inf"), rem)
         nxt = tl.max(rem, axis=0)
         cols = j * BLOCK + lanes
         x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
-        gt = x > x_t
+        gt = (x > x_t) | ((incl != 0) & (x == x_t))
         a += tl.sum(tl.where(gt, tl.exp(x - m), 0.0), axis=0)
         sel = gt.to(tl.int32)
         at = n_c + tl.cumsum(sel, axis=0) - 1
@@ -281,7 +282,16 @@ def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_p
     x_t = tl.load(row + t).to(tl.float32) * inv_t
     path = 1
     if x_t < m:
-        a_gt, n_c = _above_tiles(row, vocab, inv_t, m, x_t, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
+        # floor F <= v_p from the tile maxima: the r largest are r distinct tokens, so
+        # mass{x >= T_r} >= their mass, and F = the first T_r where that reaches p * Z
+        ts = tl.sort(tmax, dim=0, descending=True)
+        first = tl.sum((tl.cumsum(tl.exp(ts - m), axis=0) < p * z).to(tl.int32), axis=0)
+        floor = tl.max(tl.where(tl.arange(0, NT) == first, ts, -float("inf")), axis=0)
+        if x_t < floor:  # out of the cut for sure: only the tokens >= F are needed
+            a_gt, n_c = _above_tiles(row, vocab, inv_t, m, floor, 1, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
+            a_gt = tl.maximum(a_gt, p * z)  # (rejected whatever the sum)
+        else:
+            a_gt, n_c = _above_tiles(row, vocab, inv_t, m, x_t, 0, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
         if not (a_gt < p * z):
             path = 2
             if n_c <= CAP:
@@ -290,8 +300,9 @@ def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_p
             else:
                 path = 3
                 mn = _min_finite(row, vocab, inv_t, BLOCK, NS)
-                # A >= p * Z: mass{x >= x_t} reaches the target, so v_p >= x_t
-                thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, x_t, cx_ptr, SBLOCK, NP, CAP)
+                # A >= p * Z: mass{x >= x_t} reaches the target, so v_p >= x_t (and >= F)
+                thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, tl.maximum(x_t, floor), cx_ptr,
+                                    SBLOCK, NP, CAP)
                 t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
                                                         FAST_LOG, BLOCK, NT, NSD)
     return t, path
