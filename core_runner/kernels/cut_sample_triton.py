@@ -232,7 +232,7 @@ def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_
 
 
 @triton.jit
-def _above_tiles(row, vocab, inv_t, m, x_t, incl, target, tmax, cx_ptr, ci_ptr, BLOCK: tl.constexpr,
+def _above_tiles(row, vocab, inv_t, m, x_t, target, tmax, cx_ptr, ci_ptr, BLOCK: tl.constexpr,
                  NT: tl.constexpr, CAP: tl.constexpr):
     """Read 2 of a top-p-only row, tile by tile in decreasing order of the tile maxima of
     read 1, over tiles whose max is above x_t only: stores C = {x > x_t} of the visited
@@ -240,23 +240,30 @@ def _above_tiles(row, vocab, inv_t, m, x_t, incl, target, tmax, cx_ptr, ci_ptr, 
     is then mass{x > x_t}), or early once A >= target (the draw is out) and the stored
     tokens above the largest unvisited tile max N hold >= target: they are all of the
     row's tokens above N, so v_p > N and the stored tokens hold every token >= v_p.
-    With incl set, C = {x >= x_t} instead (x_t is then a floor known to be <= v_p).
     Returns (A, number of C tokens seen)."""
     lanes = tl.arange(0, BLOCK)
     tiles = tl.arange(0, NT)
     offs = tl.arange(0, CAP)
-    rem = tmax
-    nxt = tl.max(rem, axis=0)
     a = tl.zeros([], tl.float32)
     n_c = tl.zeros([], tl.int32)
     covered = tl.zeros([], tl.int32)
-    while ((nxt > x_t) | ((incl != 0) & (nxt == x_t))) & (covered == 0):
-        j = tl.argmax(rem, axis=0)
-        rem = tl.where(tiles == j, -float("inf"), rem)
-        nxt = tl.max(rem, axis=0)
-        cols = j * BLOCK + lanes
-        x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
-        gt = (x > x_t) | ((incl != 0) & (x == x_t))
+    rem = tmax
+    top = tl.max(rem, axis=0)
+    ok = top > x_t  # the current tile is one to visit
+    j = tl.argmax(rem, axis=0)
+    rem = tl.where(tiles == j, -float("inf"), rem)
+    cols = j * BLOCK + lanes
+    x = tl.load(row + cols, mask=cols < tl.where(ok, vocab, 0), other=-float("inf"))
+    while ok & (covered == 0):
+        # the next tile to visit is known before this one is summed: its load is in flight
+        nxt = tl.max(rem, axis=0)  # N: the largest max of the tiles not summed yet
+        n_ok = nxt > x_t
+        nj = tl.argmax(rem, axis=0)
+        rem = tl.where(tiles == tl.where(n_ok, nj, -1), -float("inf"), rem)
+        n_cols = nj * BLOCK + lanes
+        x_next = tl.load(row + n_cols, mask=n_cols < tl.where(n_ok, vocab, 0), other=-float("inf"))
+        x = x.to(tl.float32) * inv_t
+        gt = x > x_t
         a += tl.sum(tl.where(gt, tl.exp(x - m), 0.0), axis=0)
         sel = gt.to(tl.int32)
         at = n_c + tl.cumsum(sel, axis=0) - 1
@@ -269,6 +276,9 @@ def _above_tiles(row, vocab, inv_t, m, x_t, incl, target, tmax, cx_ptr, ci_ptr, 
             cx = tl.load(cx_ptr + offs, mask=offs < n_c, other=-float("inf"), cache_modifier=".cg")
             if tl.sum(tl.where(cx > nxt, tl.exp(cx - m), 0.0), axis=0) >= target:
                 covered = 1
+        ok = n_ok
+        cols = n_cols
+        x = x_next
     return a, n_c
 
 
@@ -282,16 +292,18 @@ def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_p
     x_t = tl.load(row + t).to(tl.float32) * inv_t
     path = 1
     if x_t < m:
-        # floor F <= v_p from the tile maxima: the r largest are r distinct tokens, so
-        # mass{x >= T_r} >= their mass, and F = the first T_r where that reaches p * Z
-        ts = tl.sort(tmax, dim=0, descending=True)
-        first = tl.sum((tl.cumsum(tl.exp(ts - m), axis=0) < p * z).to(tl.int32), axis=0)
-        floor = tl.max(tl.where(tl.arange(0, NT) == first, ts, -float("inf")), axis=0)
+        # floor F <= v_p from the lanes' maxima (BLOCK distinct tokens that hold the row's
+        # top tokens unless two share a lane): the r largest, L_1 >= .. >= L_r, give
+        # mass{x >= L_r} >= their mass, and F = the first L_r where that reaches p * Z
+        ls = tl.sort(a1, dim=0, descending=True)
+        first = tl.sum((tl.cumsum(tl.exp(ls - m), axis=0) < p * z).to(tl.int32), axis=0)
+        floor = tl.max(tl.where(tl.arange(0, BLOCK) == first, ls, -float("inf")), axis=0)
         if x_t < floor:  # out of the cut for sure: only the tokens >= F are needed
-            a_gt, n_c = _above_tiles(row, vocab, inv_t, m, floor, 1, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
+            below = _value(_key(floor) - 1)  # the float just under F: x > below <=> x >= F
+            a_gt, n_c = _above_tiles(row, vocab, inv_t, m, below, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
             a_gt = tl.maximum(a_gt, p * z)  # (rejected whatever the sum)
         else:
-            a_gt, n_c = _above_tiles(row, vocab, inv_t, m, x_t, 0, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
+            a_gt, n_c = _above_tiles(row, vocab, inv_t, m, x_t, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
         if not (a_gt < p * z):
             path = 2
             if n_c <= CAP:

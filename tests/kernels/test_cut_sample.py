@@ -255,3 +255,28 @@ def test_top_p_alone_reads_only_tiles_above_the_draw(device, cap):
     c_size = (x > x_t[:, None]).sum(1)
     far = (x_t < 5.0) & (torch.arange(n) % 6 == 5)
     assert bool(far.any()) and bool((paths[far] == 2).all()) and bool((c_size[far] > 64).all())
+
+
+def test_top_p_on_peaked_rows_never_needs_the_pivot_search(device):
+    """The benchmark's kind of row (N(0, 1) * 4 / 0.7 over a long vocabulary, top-p 0.9,
+    plus a cluster of top tokens spread over three tiles): every draw is settled by the
+    draw itself or from stored candidates (paths 1-2, no pivot search) with a candidate
+    capacity of 16, far below the number of tokens above a typical rejected draw."""
+    g = torch.Generator().manual_seed(11)
+    n, vocab = 32, 16384
+    logits = torch.randn(n, vocab, generator=g) * 4.0
+    # 12 top tokens, 4 in each of three tiles: the tile maxima see 3 of them, the lanes all
+    top = torch.tensor([100, 101, 102, 103, 400, 401, 402, 403, 700, 701, 702, 703])
+    logits[:, top] = 4.0 * (4.4 + 0.1 * torch.randn(n, 12, generator=g))
+    inv = torch.full((n,), 1 / 0.7)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.full((n,), 0.9)
+    lmp = torch.full((n,), NEG_INF)
+    seeds = torch.arange(n)
+    pos = torch.full((n,), 100)
+    args = (logits, inv, k, p, lmp, seeds, pos)
+    paths = torch.empty(n, dtype=torch.int32, device=device)
+    got = sample_with_cuts_triton(*(t.to(device) for t in (logits, inv, seeds, pos, k, p, lmp)), block=256, cap=16,
+                                  paths=paths)
+    assert torch.equal(got.cpu(), _reference(*args))
+    assert set(paths.tolist()) <= {1, 2} and 2 in paths.tolist(), paths
