@@ -7,6 +7,7 @@
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
+#   sampler-probe  where the sampler's first read spends its time (variants) -> sampler_probe.json
 #   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
@@ -71,6 +72,9 @@ for s in "${STAGES[@]}"; do
       [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
       timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W1 W2 "${N[@]}" "${FP[@]}" \
         --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    sampler-probe)
+      say sampler probe
+      timeout 300 python3 benchmarks/sampler_probe.py --json "$LOG/sampler_probe.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
     deepseek-w2peer)
       say deepseek W2 prefix next to the transformers peer
       [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2

@@ -1,0 +1,121 @@
+"""Where the time of the sampler's first read goes: one pass over [n, V] fp32 logits in
+variants that add one piece of ``gumbel_pass`` at a time, each with one program per row
+or SPLIT programs per row (a contiguous part each), at a few tile widths and warp counts.
+
+  read   load, scale, running max (the floor: what a bare read costs in this layout)
+  hash   + the per-token hash (kept alive by folding it into the result)
+  bound  + the hash-bound skip test and the per-tile "any" reduction (no logs)
+  full   ``gumbel_pass`` itself (split 1 only)
+
+Usage (GPU): python3 benchmarks/sampler_probe.py [--json out.json]. Also runs on CPU
+tensors under TRITON_INTERPRET=1 with small shapes (the smoke test does that).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from core_runner.kernels.gumbel_sample import (
+    _could_reach, _fmix32, col_hash, gumbel_pass, row_keys, use_fast_log,
+)
+
+MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3}
+
+
+@triton.jit
+def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, inv_t,
+                  MODE: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
+                  NT: tl.constexpr):
+    i = tl.program_id(0)
+    s = tl.program_id(1)
+    row = logits_ptr + i.to(tl.int64) * s_row
+    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+    if MODE == 3:
+        tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, False, False, False,
+                                                  FAST_LOG, BLOCK, NT, 1)
+        res = tok.to(tl.float32)
+    else:
+        lanes = tl.arange(0, BLOCK)
+        lo = s * part
+        hi = tl.minimum(lo + part, vocab)
+        best = tl.full([BLOCK], -float("inf"), tl.float32)
+        acc = tl.zeros([BLOCK], dtype=tl.uint32)
+        best_row = tl.full([], -float("inf"), tl.float32)
+        n_any = tl.zeros([], tl.int32)
+        hc = col_hash(lo + lanes)
+        nxt = tl.load(row + lo + lanes, mask=lo + lanes < hi, other=-float("inf"))
+        for start in tl.range(lo, hi, BLOCK):
+            cols = start + lanes
+            x = nxt.to(tl.float32) * inv_t
+            nxt = tl.load(row + BLOCK + cols, mask=cols + BLOCK < hi, other=-float("inf"))
+            best = tl.maximum(best, x)
+            if MODE >= 1:
+                h = _fmix32(hc ^ k1) ^ k2
+                acc ^= h
+                if MODE >= 2:
+                    n_any += tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0)
+                    best_row = tl.maximum(best_row, tl.max(x, axis=0) + 3.0)
+            hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
+        res = tl.max(best, axis=0) + (tl.max(acc, axis=0) & 1).to(tl.float32) + n_any.to(tl.float32) * 1e-9
+    tl.store(out_ptr + i * SPLIT + s, res)
+
+
+def probe(logits: torch.Tensor, mode: str, split: int = 1, block: int = 2048, num_warps: int = 4) -> torch.Tensor:
+    n, vocab = logits.shape
+    dev = logits.device
+    seeds = torch.arange(n, device=dev)
+    pos = torch.full((n,), 100, device=dev)
+    out = torch.empty(n * split, device=dev)
+    part = triton.cdiv(triton.cdiv(vocab, split), block) * block
+    _probe_kernel[(n, split)](
+        logits, logits.stride(0), seeds, pos, out, vocab, part, 1.0 / 0.7, MODE=MODES[mode], SPLIT=split,
+        FAST_LOG=use_fast_log(dev), BLOCK=block, NT=triton.next_power_of_2(triton.cdiv(vocab, block)),
+        num_warps=num_warps,
+    )
+    return out
+
+
+def _time_ms(fn, iters: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+    return 1e3 * statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    logits = torch.randn(1024, 151936, device="cuda") * 4.0
+    dst = torch.empty_like(logits)
+    read_ms = _time_ms(lambda: dst.copy_(logits)) / 2
+    res = {"read_ms_at_copy_bw": read_ms}
+    print(f"one read at copy bandwidth: {read_ms:.3f} ms", flush=True)
+    shapes = [(1, 2048, 4), (1, 2048, 8), (1, 1024, 4), (4, 2048, 4), (8, 1024, 4), (8, 2048, 8)]
+    for mode in ("read", "hash", "bound", "full"):
+        for split, block, warps in shapes:
+            if mode == "full" and split != 1:
+                continue
+            ms = _time_ms(lambda: probe(logits, mode, split, block, warps))
+            key = f"{mode}_s{split}_b{block}_w{warps}"
+            res[key] = ms
+            print(f"  {key}: {ms:.3f} ms ({ms / read_ms:.2f} reads)", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()
