@@ -55,6 +55,18 @@ work return earlier. Sums are float32 in another order than the reference's, as 
 threshold kernel: a top-p decision can differ from the reference only when the mass
 above a value equals p * Z_B to within rounding (~1e-6 relative). Counts, maxima, t_min
 and the comparisons on x are exact.
+
+Top-p alone (no top-k, no min-p; ``_top_p_row``), the common case, takes a shorter
+route. Read 1 also returns Z = mass of the row (B is the whole row) and the max of every
+tile. A draw below the row max then needs A = mass{x > x_t}, and only tiles whose max
+is above x_t hold such tokens: read 2 visits those, in decreasing order of their max
+(``_above_tiles``), storing C. It stops early once A >= p * Z (out) and the stored
+tokens above N, the largest max of the tiles not visited, hold >= p * Z: they are all
+the row's tokens above N, so v_p > N and the stored tokens hold S. Before read 2 a
+floor F <= v_p is read off the lanes' maxima (BLOCK distinct tokens; the r largest
+have mass{x >= L_r} >= their own mass; F = the first L_r reaching p * Z): a draw under
+F is out at once and only the tokens >= F are visited and stored, so a far draw does not
+fill the candidate row with tokens that cannot be in S.
 """
 from __future__ import annotations
 
