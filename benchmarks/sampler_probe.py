@@ -38,7 +38,7 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)
     if MODE == 3:
         tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, False, False, False,
-                                                  FAST_LOG, BLOCK, NT, 1)
+                                                  FAST_LOG, BLOCK, NT, 1, 0)
         res = tok.to(tl.float32)
     else:
         lanes = tl.arange(0, BLOCK)

@@ -126,7 +126,8 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
 
 def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
     """Both kernels (cut sampler on the top-p case, plain Gumbel on temperature only) at a
-    few tile widths and warp counts: which launch shape the defaults should take."""
+    few tile widths and warp counts, and the plain one with rows split over programs:
+    which launch shape the defaults should take."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
     from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 
@@ -141,6 +142,11 @@ def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
             out[f"temp_b{block}_w{warps}"] = 1e3 * _time(plain, dev, iters, warmup)
             print(f"  b{block} w{warps}: top-p {out[f'top_p_b{block}_w{warps}']:.3f} ms, temperature only "
                   f"{out[f'temp_b{block}_w{warps}']:.3f} ms", flush=True)
+    for split in (2, 4, 8):  # temperature only, each row over several programs
+        plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=2048,  # noqa: E731
+                                             num_warps=4, split=split)
+        out[f"temp_b2048_w4_split{split}"] = 1e3 * _time(plain, dev, iters, warmup)
+        print(f"  b2048 w4 split {split}: temperature only {out[f'temp_b2048_w4_split{split}']:.3f} ms", flush=True)
     return out
 
 

@@ -207,7 +207,7 @@ def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_
         if x_t < t_min:
             path = 2
             t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, t_min, k1, k2, True, False, False, False,
-                                                    FAST_LOG, BLOCK, NT, NSD)
+                                                    FAST_LOG, BLOCK, NT, NSD, 0)
     else:
         lk_ok = topk_on & (p < 1.0) & (k <= 2 * BLOCK)  # L is only needed for Z_B
         big_l = float("inf")  # L: a lower bound of v_k (+inf: none)
@@ -239,7 +239,7 @@ def _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_
                     lo_p = x_t  # mass{x >= x_t} >= p * Z_B: v_p >= x_t
                 thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, lo_k, lo_p, cx_ptr, SBLOCK, NP, CAP)
                 t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
-                                                        FAST_LOG, BLOCK, NT, NSD)
+                                                        FAST_LOG, BLOCK, NT, NSD, 0)
     return t, path
 
 
@@ -328,7 +328,7 @@ def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_p
                 thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, tl.maximum(x_t, floor), cx_ptr,
                                     SBLOCK, NP, CAP)
                 t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
-                                                        FAST_LOG, BLOCK, NT, NSD)
+                                                        FAST_LOG, BLOCK, NT, NSD, 0)
     return t, path
 
 
@@ -352,23 +352,23 @@ def _cut_sample_kernel(
         ci_ptr = cand_i_ptr + i.to(tl.int64) * CAP
         if (k <= 0) & (p < 1.0) & (lmp == -float("inf")):  # top-p alone: Z and tile maxima from read 1
             t, a1, a2, n_fin, z, tmax = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, False, True,
-                                                    FAST_LOG, BLOCK, NT, NSD)
+                                                    FAST_LOG, BLOCK, NT, NSD, 0)
             if n_fin > 0:
                 t, path = _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_ptr, ci_ptr,
                                      FAST_LOG, BLOCK, CAP, SBLOCK, NP, NT, NSD, NS)
         else:
             if (k > 0) & (p < 1.0):  # the lanes' second maxima are only needed for top-k + top-p
                 t, a1, a2, n_fin, z, tmax = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, True, False,
-                                                        FAST_LOG, BLOCK, NT, NSD)
+                                                        FAST_LOG, BLOCK, NT, NSD, 0)
             else:
                 t, a1, a2, n_fin, z, tmax = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, True, False, False,
-                                                        FAST_LOG, BLOCK, NT, NSD)
+                                                        FAST_LOG, BLOCK, NT, NSD, 0)
             if (n_fin > 0) & (((k > 0) & (k < n_fin)) | (p < 1.0) | (lmp > -float("inf"))):
                 t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx_ptr, ci_ptr,
                                    FAST_LOG, BLOCK, CAP, SBLOCK, NP, NT, NSD, NS)
         tok = t
     else:
-        tok = argmax_pass(row, vocab, BLOCK, NSD)
+        tok = argmax_pass(row, vocab, BLOCK, NSD, 0)
     tl.store(out_ptr + i, tok.to(tl.int64))
     tl.store(path_ptr + i, path)
 

@@ -136,8 +136,9 @@ def _could_reach(x, h, best_row):
 @triton.jit
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
                 TOP2: tl.constexpr, ZSTATS: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                NT: tl.constexpr, NS: tl.constexpr):
-    """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read.
+                NT: tl.constexpr, NS: tl.constexpr, lo):
+    """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read of
+    the columns [lo, vocab) (lo a multiple of BLOCK).
 
     Returns (token, lane max of x, lane second max of x (TOP2), number of finite x, row
     mass Z = sum exp(x - max x) (ZSTATS), tile maxima of x (ZSTATS: [NT], -inf past the
@@ -145,7 +146,7 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], -float("inf"), tl.float32)
     best_row = tl.full([], -float("inf"), tl.float32)  # max of best: a token that can win reaches it
-    bidx = lanes
+    bidx = lo + lanes
     a1 = tl.full([BLOCK], -float("inf"), tl.float32)
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
     nf = tl.zeros([BLOCK], dtype=tl.int32)
@@ -153,9 +154,9 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
     tmax = tl.full([NT], -float("inf"), tl.float32)
     zm = tl.full([], -float("inf"), tl.float32)  # running max of x and the mass relative to it
     z = tl.zeros([], tl.float32)
-    hc = col_hash(lanes)
-    nxt = tl.load(row + lanes, mask=lanes < vocab, other=-float("inf"))
-    for start in tl.range(0, vocab, BLOCK, num_stages=NS):
+    hc = col_hash(lo + lanes)
+    nxt = tl.load(row + lo + lanes, mask=lo + lanes < vocab, other=-float("inf"))
+    for start in tl.range(lo, vocab, BLOCK, num_stages=NS):
         cols = start + lanes
         x = nxt.to(tl.float32) * inv_t
         # the next tile's load is in flight while this one is hashed
@@ -168,7 +169,7 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
         xm = tl.max(x, axis=0)
         if ZSTATS:
             tm = xm
-            tmax = tl.where(tiles == start // BLOCK, tm, tmax)
+            tmax = tl.where(tiles == (start - lo) // BLOCK, tm, tmax)
             new_m = tl.maximum(zm, tm)
             safe_m = tl.where(new_m > -float("inf"), new_m, 0.0)
             s = tl.sum(tl.math.exp2((x - safe_m) * 1.4426950408889634), axis=0)
@@ -195,12 +196,12 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
 
 
 @triton.jit
-def argmax_pass(row, vocab, BLOCK: tl.constexpr, NS: tl.constexpr):
-    """Plain argmax of the raw logits (first index of the maximum), one read."""
+def argmax_pass(row, vocab, BLOCK: tl.constexpr, NS: tl.constexpr, lo):
+    """Plain argmax of the raw logits in columns [lo, vocab) (first index of the maximum), one read."""
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], -float("inf"), tl.float32)
-    bidx = lanes
-    for start in tl.range(0, vocab, BLOCK, num_stages=NS):
+    bidx = lo + lanes
+    for start in tl.range(lo, vocab, BLOCK, num_stages=NS):
         cols = start + lanes
         x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32)
         take = x > best
@@ -211,32 +212,66 @@ def argmax_pass(row, vocab, BLOCK: tl.constexpr, NS: tl.constexpr):
 
 @triton.jit
 def _gumbel_argmax_kernel(
-    logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab,
+    logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab, part,
     HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr,
 ):
+    """Program (i, s) draws row i over its columns [s * part, (s + 1) * part); with one
+    program per row (part >= vocab) that is the row's token, else the part's (then
+    ``_combine_parts_kernel`` picks among the parts)."""
     i = tl.program_id(0)
+    s = tl.program_id(1)
     row = logits_ptr + i.to(tl.int64) * s_row
+    lo = s * part
+    hi = tl.minimum(lo + part, vocab)
     inv_t = tl.load(inv_t_ptr + i)
     if inv_t > 0:
         thr = -float("inf")
         if HAS_THR:
             thr = tl.load(thr_ptr + i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR, False, False, False,
-                                                  FAST_LOG, BLOCK, 1, NS)
+        tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, hi, inv_t, thr, k1, k2, HAS_THR, False, False, False,
+                                                  FAST_LOG, BLOCK, 1, NS, lo)
     else:
-        tok = argmax_pass(row, vocab, BLOCK, NS)
-    tl.store(out_ptr + i, tok.to(tl.int64))
+        tok = argmax_pass(row, hi, BLOCK, NS, lo)
+    tl.store(out_ptr + i * tl.num_programs(1) + s, tok.to(tl.int64))
+
+
+@triton.jit
+def _combine_parts_kernel(logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, part_tok_ptr, out_ptr, n_parts,
+                          HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, P: tl.constexpr):
+    """The row's token from its parts' tokens: the noisy value (raw logit when greedy)
+    of each is computed again by the same expressions, the largest wins, ties go to the
+    smallest column (the parts are disjoint and each holds its first maximum)."""
+    i = tl.program_id(0)
+    row = logits_ptr + i.to(tl.int64) * s_row
+    offs = tl.arange(0, P)
+    ok = offs < n_parts
+    tok = tl.load(part_tok_ptr + i * n_parts + offs, mask=ok, other=0)
+    x = tl.load(row + tok, mask=ok, other=-float("inf")).to(tl.float32)
+    inv_t = tl.load(inv_t_ptr + i)
+    if inv_t > 0:
+        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+        x = x * inv_t
+        if HAS_THR:
+            x = tl.where(x >= tl.load(thr_ptr + i), x, -float("inf"))
+        x = x + gumbel_noise(col_hash(tok), k1, k2, FAST_LOG)
+    x = tl.where(ok, x, -float("inf"))
+    top = tl.max(x, axis=0)
+    # all -inf: the smallest part token, i.e. column 0 as torch's argmax
+    tl.store(out_ptr + i, tl.min(tl.where((x == top) & ok, tok, _BIG), axis=0).to(tl.int64))
 
 
 def gumbel_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     threshold: torch.Tensor | None = None, out: torch.Tensor | None = None, block: int = 2048,
-    num_warps: int = 8, num_stages: int = 1,
+    num_warps: int = 8, num_stages: int = 1, split: int = 1,
 ) -> torch.Tensor:
     """[n, V] logits (any float dtype) -> [n] int64 tokens; inv_temp 0 = argmax.
 
-    ``threshold`` ([n] float32, on logits * inv_temp) keeps only tokens at or above it."""
+    ``threshold`` ([n] float32, on logits * inv_temp) keeps only tokens at or above it.
+    ``split`` > 1 spreads each row over that many programs (contiguous parts of whole
+    tiles) and picks among their tokens in a second small kernel: more loads in flight
+    when there are few rows per SM, at the price of one noise tile per part."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -244,10 +279,18 @@ def gumbel_sample_triton(
         out = torch.empty(n, dtype=torch.int64, device=logits.device)
     if n:
         inv = inv_temp.float().contiguous()
-        _gumbel_argmax_kernel[(n,)](
-            logits, logits.stride(0), inv, threshold.float().contiguous() if threshold is not None else inv,
-            seeds.contiguous(), positions.contiguous(), out, vocab,
-            HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device), BLOCK=block, NS=num_stages,
-            num_warps=num_warps,
+        thr = threshold.float().contiguous() if threshold is not None else inv
+        seeds, positions = seeds.contiguous(), positions.contiguous()
+        split = max(1, min(split, triton.cdiv(vocab, block)))
+        part = triton.cdiv(triton.cdiv(vocab, split), block) * block
+        split = triton.cdiv(vocab, part)
+        dst = out if split == 1 else torch.empty((n, split), dtype=torch.int64, device=logits.device)
+        flags = dict(HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device))
+        _gumbel_argmax_kernel[(n, split)](
+            logits, logits.stride(0), inv, thr, seeds, positions, dst, vocab, part,
+            **flags, BLOCK=block, NS=num_stages, num_warps=num_warps,
         )
+        if split > 1:
+            _combine_parts_kernel[(n,)](logits, logits.stride(0), inv, thr, seeds, positions, dst, out, split,
+                                        **flags, P=triton.next_power_of_2(split), num_warps=1)
     return out

@@ -155,3 +155,30 @@ def test_skipping_draws_the_reference_tokens_on_long_rows(device):
                                pos.to(device), block=64)
     assert torch.equal(got.cpu(), want)
     assert int(want[6]) >= vocab - 3 and int(want[5]) >= 4000 and int(want[9]) == 0
+
+
+def test_rows_split_over_programs_draw_the_same_tokens(device):
+    """split > 1: each row drawn by several programs over contiguous parts, then the
+    parts' tokens combined: the same tokens as one program per row and the reference,
+    also for a part that is all -inf, a row whose winner sits in the last part, greedy
+    rows and a threshold."""
+    g = torch.Generator().manual_seed(5)
+    n, vocab = 8, 1000
+    logits = torch.randn(n, vocab, generator=g) * torch.tensor([0.5, 1, 3, 8, 1, 2, 1, 4])[:, None]
+    logits[1, :700] = float("-inf")  # with 4 parts (block 64: parts of 256) parts 0 and 1 hold nothing
+    logits[2, -2:] = 40.0
+    logits[5] = float("-inf")
+    temp = torch.tensor([1.0, 1.0, 0.5, 1.0, 0.0, 1.0, 2.0, 0.0])
+    seeds = torch.randint(0, 2**40, (n,), generator=g)
+    pos = torch.randint(0, 1000, (n,), generator=g)
+    inv = inverse_temperature(temp)
+    d = lambda t: t.to(device)  # noqa: E731
+    want = _ref(logits, temp, seeds, pos)
+    thr = torch.full((n,), -2.0)
+    want_thr = gumbel_sample_ref(logits, inv, seeds, pos, thr)
+    for split in (2, 4, 7):
+        got = gumbel_sample_triton(d(logits), d(inv), d(seeds), d(pos), block=64, split=split)
+        assert torch.equal(got.cpu(), want), split
+        got = gumbel_sample_triton(d(logits), d(inv), d(seeds), d(pos), threshold=d(thr), block=64, split=split)
+        assert torch.equal(got.cpu(), want_thr), split
+    assert int(want[5]) == 0 and int(want[1]) >= 700 and int(want[2]) >= vocab - 2
