@@ -13,6 +13,12 @@ from typing import Any, Callable
 
 import torch
 
+# persistent state (snapshots, diffs, garbage): the conformance suite's own tools
+from core_runner.conformance.state_tools import (  # noqa: F401
+    fill_free_blocks_with_garbage as fill_free_kv_blocks_with_garbage, fill_garbage, free_block_ids,
+    row_tables as device_tables, snapshot, snapshot_diff,
+)
+
 VOCAB = 256
 TINY = dict(
     vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -247,93 +253,3 @@ def assert_logits_match_hf(ckpt: Checkpoint, rec: Recorder, outputs: dict, atol:
             checked += 1
     return checked
 
-
-# ---------------------------------------------------------------------------------
-# persistent state: snapshots and garbage
-# ---------------------------------------------------------------------------------
-def _staged_tensors(engine: Any) -> list[Any]:
-    rs, ss = engine.runner.req_state, engine.runner.sampling
-    return [rs.token_ids, rs.block_table, rs.num_tokens, rs.num_computed, rs.num_prompt_tokens,
-            ss.temperature, ss.top_k, ss.top_p, ss.seed]
-
-
-def device_tables(engine: Any) -> dict[str, torch.Tensor]:
-    """Every per-row device table of the runner, the sampling state and the model state."""
-    tables = {f"req_state.{k}": t for k, t in engine.runner.req_state.tables().items()}
-    tables.update({f"sampling.{k}": t for k, t in engine.runner.sampling.tables().items()})
-    tables.update({f"model_state.{k}": t for k, t in engine.model_state.row_buffers().items()})
-    return tables
-
-
-def kv_tensors(engine: Any) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, cache in engine.runner.kv_caches.items():
-        if isinstance(cache, torch.Tensor):
-            out[f"kv.{name}"] = cache
-        else:
-            for i, t in enumerate(cache):
-                out[f"kv.{name}.{i}"] = t
-    return out
-
-
-def snapshot(engine: Any) -> dict[str, Any]:
-    rs, ss = engine.runner.req_state, engine.runner.sampling
-    snap: dict[str, Any] = {k: t.detach().clone() for k, t in {**device_tables(engine), **kv_tensors(engine)}.items()}
-    snap["host.req_id_to_row"] = dict(rs.req_id_to_row)
-    snap["host.free_rows"] = list(rs.free_rows)
-    snap["host.num_blocks_cpu"] = list(rs.num_blocks_cpu)
-    snap["host.sampling_cpu"] = (list(ss.temperature_cpu), list(ss.top_k_cpu), list(ss.top_p_cpu))
-    snap["host.staged"] = [t.has_staged for t in _staged_tensors(engine)]
-    rl = engine.runner.recorded_logits
-    snap["host.recorded_logits"] = None if rl is None else len(rl)
-    sched = engine.scheduler
-    snap["host.scheduler"] = (
-        sched.pool.num_free, sched.num_preemptions, [r.req_id for r in sched.running],
-        [r.req_id for r in sched.waiting],
-        {rid: (r.num_computed_tokens, list(r.block_ids), list(r.output_token_ids)) for rid, r in sched.requests.items()},
-    )
-    return snap
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().contiguous().reshape(-1).view(torch.uint8)
-
-
-def snapshot_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    assert a.keys() == b.keys(), (sorted(a.keys() ^ b.keys()))
-    diffs = []
-    for k in a:
-        x, y = a[k], b[k]
-        if isinstance(x, torch.Tensor):
-            if x.dtype != y.dtype or x.shape != y.shape or not torch.equal(_bits(x), _bits(y)):
-                n = (x != y).sum().item() if x.shape == y.shape else "shape"
-                diffs.append(f"{k} ({n} elements changed)")
-        elif x != y:
-            diffs.append(f"{k}: {x!r} -> {y!r}")
-    return diffs
-
-
-def fill_garbage(t: torch.Tensor, index: Any, gen: torch.Generator, int_high: int = 64) -> None:
-    """Overwrite t[index] with values that differ from a fresh (zero) table and are
-    plausible enough not to crash a reader: ints in [1, int_high), floats in
-    (0.05, 0.95) (a valid temperature and top_p, so a stale one would change sampling)."""
-    view = t[index]
-    if t.dtype.is_floating_point:
-        vals = torch.rand(view.shape, generator=gen) * 0.9 + 0.05
-    else:
-        vals = torch.randint(1, int_high, view.shape, generator=gen)
-    t[index] = vals.to(device=t.device, dtype=t.dtype)
-
-
-def free_block_ids(engine: Any) -> list[int]:
-    used = {b for r in engine.scheduler.requests.values() for b in r.block_ids}
-    return [b for b in range(engine.num_blocks) if b not in used]
-
-
-def fill_free_kv_blocks_with_garbage(engine: Any, gen: torch.Generator) -> int:
-    free = torch.tensor(free_block_ids(engine), dtype=torch.long)
-    for name, cache in engine.runner.kv_caches.items():
-        assert isinstance(cache, torch.Tensor), f"{name}: expected a paged cache tensor"
-        shape = cache[:, free].shape
-        cache[:, free] = (torch.randn(shape, generator=gen) * 10).to(cache.dtype)
-    return free.numel()
