@@ -142,6 +142,11 @@ def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
             out[f"temp_b{block}_w{warps}"] = 1e3 * _time(plain, dev, iters, warmup)
             print(f"  b{block} w{warps}: top-p {out[f'top_p_b{block}_w{warps}']:.3f} ms, temperature only "
                   f"{out[f'temp_b{block}_w{warps}']:.3f} ms", flush=True)
+    for split in (4, 8):  # top-p, each row over several programs (four launches)
+        cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
+                                              m.log_min_p, block=2048, num_warps=4, split=split)
+        out[f"top_p_b2048_w4_split{split}"] = 1e3 * _time(cut, dev, iters, warmup)
+        print(f"  b2048 w4 split {split}: top-p {out[f'top_p_b2048_w4_split{split}']:.3f} ms", flush=True)
     for split in (2, 4, 8):  # temperature only, each row over several programs
         plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=2048,  # noqa: E731
                                              num_warps=4, split=split)

@@ -295,6 +295,16 @@ def _above_tiles(row, vocab, inv_t, m, x_t, target, tmax, cx_ptr, ci_ptr, BLOCK:
 
 
 @triton.jit
+def lane_floor(a1, m, target, BLOCK: tl.constexpr):
+    """F <= v_p from the lanes' maxima (BLOCK distinct tokens that hold the row's top
+    tokens unless two share a lane): the r largest, L_1 >= .. >= L_r, give mass{x >= L_r}
+    >= their mass, and F = the first L_r where that reaches the target (-inf: none)."""
+    ls = tl.sort(a1, dim=0, descending=True)
+    first = tl.sum((tl.cumsum(tl.exp(ls - m), axis=0) < target).to(tl.int32), axis=0)
+    return tl.max(tl.where(tl.arange(0, BLOCK) == first, ls, -float("inf")), axis=0)
+
+
+@triton.jit
 def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_ptr, ci_ptr,
                FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
                NP: tl.constexpr, NT: tl.constexpr, NSD: tl.constexpr, NS: tl.constexpr):
@@ -304,12 +314,7 @@ def _top_p_row(row, vocab, inv_t, t, a1, n_fin, z, tmax, k, p, lmp, k1, k2, cx_p
     x_t = tl.load(row + t).to(tl.float32) * inv_t
     path = 1
     if x_t < m:
-        # floor F <= v_p from the lanes' maxima (BLOCK distinct tokens that hold the row's
-        # top tokens unless two share a lane): the r largest, L_1 >= .. >= L_r, give
-        # mass{x >= L_r} >= their mass, and F = the first L_r where that reaches p * Z
-        ls = tl.sort(a1, dim=0, descending=True)
-        first = tl.sum((tl.cumsum(tl.exp(ls - m), axis=0) < p * z).to(tl.int32), axis=0)
-        floor = tl.max(tl.where(tl.arange(0, BLOCK) == first, ls, -float("inf")), axis=0)
+        floor = lane_floor(a1, m, p * z, BLOCK)
         if x_t < floor:  # out of the cut for sure: only the tokens >= F are needed
             below = _value(_key(floor) - 1)  # the float just under F: x > below <=> x >= F
             a_gt, n_c = _above_tiles(row, vocab, inv_t, m, below, p * z, tmax, cx_ptr, ci_ptr, BLOCK, NT, CAP)
@@ -377,7 +382,7 @@ def sample_with_cuts_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor | None = None,
     block: int = 2048, cap: int = 1024, search_block: int = 64, num_pivots: int = 16, num_warps: int = 8,
-    paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1,
+    paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1, split: int = 1,
 ) -> torch.Tensor:
     """[n, V] logits -> [n] int64 tokens: the token of ``gumbel_sample_ref`` under the
     threshold of ``top_k_top_p_threshold_ref`` (same inputs), without computing it.
@@ -385,7 +390,8 @@ def sample_with_cuts_triton(
     Scratch: [n, cap] float32 + int32 candidates (8 MiB at n = 1024, cap = 1024).
     ``paths`` ([n] int32, optional) receives how each row was decided: 0 greedy or no
     cut, 1 unrestricted draw kept, 2 redrawn without a search (candidates, or the min-p
-    mask), 3 pivot search."""
+    mask), 3 pivot search. ``split`` > 1 spreads every row over that many programs
+    (``cut_sample_split_triton``: four launches, the same tokens)."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -393,10 +399,15 @@ def sample_with_cuts_triton(
     if out is None:
         out = torch.empty(n, dtype=torch.int64, device=dev)
     if n:
-        cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
-        cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
         if paths is None:
             paths = torch.empty(n, dtype=torch.int32, device=dev)
+        if split > 1:
+            from core_runner.kernels.cut_sample_split_triton import sample_with_cuts_split
+
+            return sample_with_cuts_split(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, out, paths,
+                                          split, block, cap, search_block, num_pivots, num_warps)
+        cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
+        cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
         _cut_sample_kernel[(n,)](
             logits, logits.stride(0), inv_temp.float().contiguous(), seeds.contiguous(), positions.contiguous(),
             top_k.to(torch.int32).contiguous(), top_p.float().contiguous(), log_min_p.float().contiguous(),

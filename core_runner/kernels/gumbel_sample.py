@@ -237,28 +237,37 @@ def _gumbel_argmax_kernel(
 
 
 @triton.jit
-def _combine_parts_kernel(logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, part_tok_ptr, out_ptr, n_parts,
-                          HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, P: tl.constexpr):
+def combine_part_tokens(row, part_tok_ptr, n_parts, inv_t, thr, k1, k2, HAS_THR: tl.constexpr,
+                        FAST_LOG: tl.constexpr, P: tl.constexpr):
     """The row's token from its parts' tokens: the noisy value (raw logit when greedy)
     of each is computed again by the same expressions, the largest wins, ties go to the
     smallest column (the parts are disjoint and each holds its first maximum)."""
-    i = tl.program_id(0)
-    row = logits_ptr + i.to(tl.int64) * s_row
     offs = tl.arange(0, P)
     ok = offs < n_parts
-    tok = tl.load(part_tok_ptr + i * n_parts + offs, mask=ok, other=0)
+    tok = tl.load(part_tok_ptr + offs, mask=ok, other=0)
     x = tl.load(row + tok, mask=ok, other=-float("inf")).to(tl.float32)
-    inv_t = tl.load(inv_t_ptr + i)
     if inv_t > 0:
-        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
         x = x * inv_t
         if HAS_THR:
-            x = tl.where(x >= tl.load(thr_ptr + i), x, -float("inf"))
+            x = tl.where(x >= thr, x, -float("inf"))
         x = x + gumbel_noise(col_hash(tok), k1, k2, FAST_LOG)
     x = tl.where(ok, x, -float("inf"))
     top = tl.max(x, axis=0)
     # all -inf: the smallest part token, i.e. column 0 as torch's argmax
-    tl.store(out_ptr + i, tl.min(tl.where((x == top) & ok, tok, _BIG), axis=0).to(tl.int64))
+    return tl.min(tl.where((x == top) & ok, tok, _BIG), axis=0).to(tl.int64)
+
+
+@triton.jit
+def _combine_parts_kernel(logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, part_tok_ptr, out_ptr, n_parts,
+                          HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, P: tl.constexpr):
+    i = tl.program_id(0)
+    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+    thr = -float("inf")
+    if HAS_THR:
+        thr = tl.load(thr_ptr + i)
+    tok = combine_part_tokens(logits_ptr + i.to(tl.int64) * s_row, part_tok_ptr + i * n_parts, n_parts,
+                              tl.load(inv_t_ptr + i), thr, k1, k2, HAS_THR, FAST_LOG, P)
+    tl.store(out_ptr + i, tok)
 
 
 def gumbel_sample_triton(

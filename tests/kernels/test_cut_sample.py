@@ -20,10 +20,10 @@ def _reference(logits, inv, k, p, lmp, seeds, pos):
     return gumbel_sample_ref(logits, inv, seeds, pos, thr)
 
 
-def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64):
+def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1):
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=device)
     got = sample_with_cuts_triton(*(t.to(device) for t in (logits, inv, seeds, pos, k, p, lmp)), block=64, cap=cap,
-                                  search_block=32, paths=paths)
+                                  search_block=32, paths=paths, split=split)
     return got.cpu(), paths.cpu()
 
 
@@ -280,3 +280,33 @@ def test_top_p_on_peaked_rows_never_needs_the_pivot_search(device):
                                   paths=paths)
     assert torch.equal(got.cpu(), _reference(*args))
     assert set(paths.tolist()) <= {1, 2} and 2 in paths.tolist(), paths
+
+
+@pytest.mark.parametrize("split, cap", [(3, 64), (5, 4)])
+def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap):
+    """split > 1 (four launches, each row over several programs): every kind of row of
+    the mixed set (greedy, each cut alone and combined, ties, -inf tails; rows with top-k
+    or min-p go through the one-program path in the last launch) and long top-p-only
+    rows, including candidate overflow (cap 4: pivot search)."""
+    args = _mixed_rows(2)
+    got, paths = _run(device, *args, cap=cap, split=split)
+    assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
+    assert {0, 1, 2} <= set(paths.tolist()), paths
+    g = torch.Generator().manual_seed(8)
+    n, vocab = 12, 2000
+    logits = torch.randn(n, vocab, generator=g) * torch.tensor([0.3, 1.0, 3.0, 6.0, 12.0, 25.0]).repeat(2)[:, None]
+    logits[1, -5:] += 40.0
+    logits[2, :1500] = NEG_INF
+    logits[5] = torch.randn(vocab, generator=g) * 0.5
+    logits[5, 1234] = 5.0
+    inv = 1 / (torch.rand(n, generator=g) * 1.5 + 0.3)
+    inv[5] = 1.0
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.rand(n, generator=g) * 0.9 + 0.05
+    p[5] = 0.03
+    lmp = torch.full((n,), NEG_INF)
+    seeds, pos = torch.randint(0, 2**40, (n,), generator=g), torch.randint(0, 1000, (n,), generator=g)
+    args = (logits, inv, k, p, lmp, seeds, pos)
+    got, paths = _run(device, *args, cap=cap, split=split)
+    assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
+    assert {1, 2} <= set(paths.tolist()) and (cap == 64 or 3 in paths.tolist()), paths

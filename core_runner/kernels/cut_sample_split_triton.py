@@ -1,0 +1,235 @@
+"""The fused cut sampler with each row spread over S programs (``split`` of
+``sample_with_cuts_triton``): the same tokens as the one-program-per-row kernel of
+``cut_sample_triton.py`` (whose docstring holds the definitions and the arguments), in
+four launches and no host read.
+
+1. ``_read1_kernel`` (rows x S): every program draws over its part of the row (whole
+   tiles) and keeps the part's token, max, mass relative to it, finite count and tile
+   maxima; the lanes' maxima of all parts meet in one [rows, BLOCK] buffer (atomic max:
+   the parts are whole tiles, so a lane is the same column residue in every part).
+2. ``_decide_kernel`` (rows): the row's token from the parts' tokens, m, Z and the
+   finite count. Greedy, no cut, or a draw on the row max: done. Top-p alone: the lane
+   floor F and the value read 2 must pass (x_t, or the float under F when x_t < F: then
+   the draw is out whatever read 2 finds). Any other cut: left to step 4.
+3. ``_read2_kernel`` (rows x S): for the top-p rows, each program sums mass{x > lo} over
+   its part's tiles whose max is above lo and stores those tokens as candidates (slots
+   taken with an atomic counter; the finish sorts them, so their order does not matter).
+   Tiles under lo are not read: a far draw costs only the tiles above the floor, and a
+   row's tiles are read by S programs at once.
+4. ``_finish_kernel`` (rows): A (the parts' sums, in part order) < p Z keeps the draw;
+   else the candidates give the threshold and the redraw, or, past the capacity, the exact
+   pivot search. Rows with top-k or min-p take the one-program path (``_cut_row``) here,
+   with the merged lane maxima (their second maxima are not kept, which only loosens the
+   top-k lower bound L; the result is the same).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
+from core_runner.kernels.gumbel_sample import argmax_pass, combine_part_tokens, gumbel_pass, row_keys, use_fast_log
+from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
+
+# row states after the decide launch
+_DONE = tl.constexpr(0)
+_READ2 = tl.constexpr(1)  # top-p alone, draw below the max: read 2 and the finish
+_ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
+
+
+@triton.jit
+def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, part_tok_ptr, part_f_ptr, part_nf_ptr,
+                  a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles,
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr):
+    i = tl.program_id(0)
+    s = tl.program_id(1)
+    row = logits_ptr + i.to(tl.int64) * s_row
+    lo = s * part
+    hi = tl.minimum(lo + part, vocab)
+    inv_t = tl.load(inv_t_ptr + i)
+    if inv_t > 0:
+        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+        t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
+                                              BLOCK, NTP, 1, lo)
+        lanes = tl.arange(0, BLOCK)
+        tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
+        tiles = lo // BLOCK + tl.arange(0, NTP)
+        tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
+        tl.store(part_f_ptr + (i * n_parts + s) * 2, tl.max(a1, axis=0))
+        tl.store(part_f_ptr + (i * n_parts + s) * 2 + 1, z)
+        tl.store(part_nf_ptr + i * n_parts + s, nf)
+    else:
+        t = argmax_pass(row, hi, BLOCK, 1, lo)
+    tl.store(part_tok_ptr + i * n_parts + s, t.to(tl.int64))
+
+
+@triton.jit
+def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                   part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, n_parts,
+                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr):
+    i = tl.program_id(0)
+    row = logits_ptr + i.to(tl.int64) * s_row
+    inv_t = tl.load(inv_t_ptr + i)
+    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+    t = combine_part_tokens(row, part_tok_ptr + i * n_parts, n_parts, inv_t, 0.0, k1, k2, False, FAST_LOG, P)
+    state = _DONE
+    path = 0
+    if inv_t > 0:
+        k = tl.load(top_k_ptr + i)
+        p = tl.load(top_p_ptr + i)
+        lmp = tl.load(lmp_ptr + i)
+        offs = tl.arange(0, P)
+        ok = offs < n_parts
+        mp = tl.load(part_f_ptr + (i * n_parts + offs) * 2, mask=ok, other=-float("inf"))
+        zp = tl.load(part_f_ptr + (i * n_parts + offs) * 2 + 1, mask=ok, other=0.0)
+        n_fin = tl.sum(tl.load(part_nf_ptr + i * n_parts + offs, mask=ok, other=0), axis=0)
+        m = tl.max(mp, axis=0)
+        z = tl.sum(tl.where(mp > -float("inf"), zp * tl.exp(mp - m), 0.0), axis=0)
+        topk_on = (k > 0) & (k < n_fin)
+        if (n_fin > 0) & (topk_on | (p < 1.0) | (lmp > -float("inf"))):
+            if (not topk_on) & (lmp == -float("inf")):  # top-p alone
+                path = 1
+                x_t = tl.load(row + t).to(tl.float32) * inv_t
+                if x_t < m:
+                    a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+                    floor = lane_floor(a1, m, p * z, BLOCK)
+                    lo = x_t
+                    mode = 1  # the draw is tested: A = mass{x > x_t} against p Z
+                    if x_t < floor:
+                        lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
+                        mode = 2  # the draw is out; read 2 gathers the tokens >= F
+                    state = _READ2
+                    tl.store(row_i_ptr + i * 4 + 3, mode)
+                    tl.store(row_f_ptr + i * 4, m)
+                    tl.store(row_f_ptr + i * 4 + 1, z)
+                    tl.store(row_f_ptr + i * 4 + 2, lo)
+                    tl.store(row_f_ptr + i * 4 + 3, x_t)
+            else:
+                state = _ONE_PROGRAM
+        tl.store(row_i_ptr + i * 4 + 1, n_fin)
+    tl.store(row_i_ptr + i * 4, state)
+    tl.store(row_i_ptr + i * 4 + 2, path)
+    tl.store(out_ptr + i, t)
+
+
+@triton.jit
+def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr,
+                  vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr, CAP: tl.constexpr):
+    i = tl.program_id(0)
+    s = tl.program_id(1)
+    if tl.load(row_i_ptr + i * 4) == _READ2:
+        row = logits_ptr + i.to(tl.int64) * s_row
+        inv_t = tl.load(inv_t_ptr + i)
+        m = tl.load(row_f_ptr + i * 4)
+        lo_v = tl.load(row_f_ptr + i * 4 + 2)
+        lo = s * part
+        hi = tl.minimum(lo + part, vocab)
+        lanes = tl.arange(0, BLOCK)
+        j = tl.arange(0, NTP)
+        first = lo // BLOCK
+        tm = tl.load(tmax_ptr + i.to(tl.int64) * n_tiles + first + j, mask=(first + j) * BLOCK < hi,
+                     other=-float("inf"))
+        a = tl.zeros([BLOCK], dtype=tl.float32)
+        for jj in range(0, NTP):
+            if tl.max(tl.where(j == jj, tm, -float("inf")), axis=0) > lo_v:
+                cols = (first + jj) * BLOCK + lanes
+                x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
+                gt = x > lo_v
+                a += tl.where(gt, tl.exp(x - m), 0.0)
+                sel = gt.to(tl.int32)
+                cnt = tl.sum(sel, axis=0)
+                if cnt > 0:
+                    at = tl.atomic_add(nc_ptr + i, cnt) + tl.cumsum(sel, axis=0) - 1
+                    put = gt & (at < CAP)
+                    tl.store(cx_ptr + i.to(tl.int64) * CAP + at, x, mask=put)
+                    tl.store(ci_ptr + i.to(tl.int64) * CAP + at, cols, mask=put)
+        tl.store(part_a_ptr + i * n_parts + s, tl.sum(a, axis=0))
+
+
+@triton.jit
+def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                   row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab,
+                   n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
+                   SBLOCK: tl.constexpr, NP: tl.constexpr):
+    i = tl.program_id(0)
+    row = logits_ptr + i.to(tl.int64) * s_row
+    state = tl.load(row_i_ptr + i * 4)
+    path = tl.load(row_i_ptr + i * 4 + 2)
+    t = tl.load(out_ptr + i).to(tl.int32)  # the draw paths produce int32 tokens
+    if state != _DONE:
+        inv_t = tl.load(inv_t_ptr + i)
+        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+        k = tl.load(top_k_ptr + i)
+        p = tl.load(top_p_ptr + i)
+        lmp = tl.load(lmp_ptr + i)
+        n_fin = tl.load(row_i_ptr + i * 4 + 1)
+        cx = cx_ptr + i.to(tl.int64) * CAP
+        ci = ci_ptr + i.to(tl.int64) * CAP
+        if state == _READ2:
+            m = tl.load(row_f_ptr + i * 4)
+            z = tl.load(row_f_ptr + i * 4 + 1)
+            lo_v = tl.load(row_f_ptr + i * 4 + 2)
+            x_t = tl.load(row_f_ptr + i * 4 + 3)
+            offs = tl.arange(0, P)
+            a_gt = tl.sum(tl.load(part_a_ptr + i * n_parts + offs, mask=offs < n_parts, other=0.0), axis=0)
+            if (tl.load(row_i_ptr + i * 4 + 3) == 2) | (a_gt >= p * z):  # mode 2: under the floor
+                path = 2
+                n_c = tl.load(nc_ptr + i)
+                if n_c <= CAP:
+                    t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
+                else:
+                    path = 3
+                    mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
+                    # v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2)
+                    thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, lo_v, cx, SBLOCK, NP, CAP)
+                    t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
+                                                            FAST_LOG, BLOCK, 1, 1, 0)
+        else:
+            a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+            a2 = tl.full([BLOCK], -float("inf"), tl.float32)
+            t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx, ci,
+                               FAST_LOG, BLOCK, CAP, SBLOCK, NP, 1, 1, 1)
+    tl.store(out_ptr + i, t.to(tl.int64))
+    tl.store(path_ptr + i, path)
+
+
+def sample_with_cuts_split(
+    logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
+    top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
+    split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
+) -> torch.Tensor:
+    """The four launches (module docstring) for contiguous [n, V] logits, n > 0."""
+    n, vocab = logits.shape
+    dev = logits.device
+    n_tiles = triton.cdiv(vocab, block)
+    split = max(1, min(split, n_tiles))
+    part = triton.cdiv(n_tiles, split) * block
+    n_parts = triton.cdiv(vocab, part)
+    ntp = triton.next_power_of_2(part // block)
+    pp = triton.next_power_of_2(max(n_parts, 2))
+    inv, sd, pos = inv_temp.float().contiguous(), seeds.contiguous(), positions.contiguous()
+    k, p, lmp = top_k.to(torch.int32).contiguous(), top_p.float().contiguous(), log_min_p.float().contiguous()
+    part_tok = torch.empty((n, n_parts), dtype=torch.int64, device=dev)
+    part_f = torch.empty((n, n_parts, 2), dtype=torch.float32, device=dev)
+    part_nf = torch.empty((n, n_parts), dtype=torch.int32, device=dev)
+    part_a = torch.empty((n, n_parts), dtype=torch.float32, device=dev)
+    a1 = torch.full((n, block), float("-inf"), dtype=torch.float32, device=dev)
+    tmax = torch.empty((n, n_tiles), dtype=torch.float32, device=dev)
+    row_f = torch.empty((n, 4), dtype=torch.float32, device=dev)
+    row_i = torch.empty((n, 4), dtype=torch.int32, device=dev)
+    n_c = torch.zeros(n, dtype=torch.int32, device=dev)
+    cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
+    cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
+    fast_log = use_fast_log(dev)
+    s_row = logits.stride(0)
+    _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, part_tok, part_f, part_nf, a1, tmax, vocab, part,
+                                n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, num_warps=num_warps)
+    _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
+                         n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, num_warps=num_warps)
+    _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
+                                n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)
+    _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
+                         paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
+                         NP=num_pivots, num_warps=num_warps)
+    return out
