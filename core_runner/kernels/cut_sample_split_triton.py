@@ -29,7 +29,9 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
-from core_runner.kernels.gumbel_sample import argmax_pass, combine_part_tokens, gumbel_pass, row_keys, use_fast_log
+from core_runner.kernels.gumbel_sample import (
+    argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
+)
 from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
 
 # row states after the decide launch
@@ -42,12 +44,7 @@ _ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, part_tok_ptr, part_f_ptr, part_nf_ptr,
                   a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles,
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr):
-    i = tl.program_id(0)
-    s = tl.program_id(1)
-    row = logits_ptr + i.to(tl.int64) * s_row
-    lo = s * part
-    hi = tl.minimum(lo + part, vocab)
-    inv_t = tl.load(inv_t_ptr + i)
+    i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if inv_t > 0:
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
         t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
@@ -116,15 +113,10 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
 @triton.jit
 def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr,
                   vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr, CAP: tl.constexpr):
-    i = tl.program_id(0)
-    s = tl.program_id(1)
+    i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if tl.load(row_i_ptr + i * 4) == _READ2:
-        row = logits_ptr + i.to(tl.int64) * s_row
-        inv_t = tl.load(inv_t_ptr + i)
         m = tl.load(row_f_ptr + i * 4)
         lo_v = tl.load(row_f_ptr + i * 4 + 2)
-        lo = s * part
-        hi = tl.minimum(lo + part, vocab)
         lanes = tl.arange(0, BLOCK)
         j = tl.arange(0, NTP)
         first = lo // BLOCK

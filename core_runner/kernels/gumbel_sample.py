@@ -211,6 +211,16 @@ def argmax_pass(row, vocab, BLOCK: tl.constexpr, NS: tl.constexpr, lo):
 
 
 @triton.jit
+def row_part(logits_ptr, s_row, inv_t_ptr, vocab, part):
+    """Program (i, s) of a (rows x parts) grid: row i, its row pointer, the part's
+    columns [lo, hi) and the row's inverse temperature."""
+    i = tl.program_id(0)
+    s = tl.program_id(1)
+    lo = s * part
+    return i, s, logits_ptr + i.to(tl.int64) * s_row, lo, tl.minimum(lo + part, vocab), tl.load(inv_t_ptr + i)
+
+
+@triton.jit
 def _gumbel_argmax_kernel(
     logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab, part,
     HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr,
@@ -218,12 +228,7 @@ def _gumbel_argmax_kernel(
     """Program (i, s) draws row i over its columns [s * part, (s + 1) * part); with one
     program per row (part >= vocab) that is the row's token, else the part's (then
     ``_combine_parts_kernel`` picks among the parts)."""
-    i = tl.program_id(0)
-    s = tl.program_id(1)
-    row = logits_ptr + i.to(tl.int64) * s_row
-    lo = s * part
-    hi = tl.minimum(lo + part, vocab)
-    inv_t = tl.load(inv_t_ptr + i)
+    i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if inv_t > 0:
         thr = -float("inf")
         if HAS_THR:
