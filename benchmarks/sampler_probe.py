@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.gumbel_sample import (
-    _could_reach, _fmix32, col_hash, gumbel_pass, row_keys, use_fast_log,
+    _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
 
 MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3}
@@ -56,7 +56,7 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
             nxt = tl.load(row + BLOCK + cols, mask=cols + BLOCK < hi, other=-float("inf"))
             best = tl.maximum(best, x)
             if MODE >= 1:
-                h = _fmix32(hc ^ k1) ^ k2
+                h = token_hash(hc, k1, k2)
                 acc ^= h
                 if MODE >= 2:
                     n_any += tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0)

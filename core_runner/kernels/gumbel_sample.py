@@ -90,9 +90,15 @@ def col_hash(cols):
 
 
 @triton.jit
+def token_hash(hc, k1, k2):
+    """The 32-bit hash of the columns whose ``col_hash`` is hc under a row's keys (rng.uniform)."""
+    return _fmix32(hc ^ k1) ^ k2
+
+
+@triton.jit
 def hash_uniform(hc, k1, k2):
     """float32 uniforms in (0, 1) of the columns whose ``col_hash`` is hc (rng.uniform)."""
-    return _uniform_of_hash(_fmix32(hc ^ k1) ^ k2)
+    return _uniform_of_hash(token_hash(hc, k1, k2))
 
 
 @triton.jit
@@ -103,7 +109,7 @@ def _uniform_of_hash(h):
 @triton.jit
 def gumbel_noise(hc, k1, k2, FAST_LOG: tl.constexpr):
     """Gumbel noise of the columns whose ``col_hash`` is hc (rng.gumbel)."""
-    return _noise_of_hash(_fmix32(hc ^ k1) ^ k2, FAST_LOG)
+    return _noise_of_hash(token_hash(hc, k1, k2), FAST_LOG)
 
 
 @triton.jit
@@ -142,7 +148,8 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
 
     Returns (token, lane max of x, lane second max of x (TOP2), number of finite x, row
     mass Z = sum exp(x - max x) (ZSTATS), tile maxima of x (ZSTATS: [NT], -inf past the
-    last tile)); the statistics are computed when STATS is set (before the threshold)."""
+    last tile; never with HAS_THR: they are of the whole row)); the statistics are computed
+    when STATS is set (before the threshold)."""
     lanes = tl.arange(0, BLOCK)
     best = tl.full([BLOCK], -float("inf"), tl.float32)
     best_row = tl.full([], -float("inf"), tl.float32)  # max of best: a token that can win reaches it
@@ -166,23 +173,21 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
             if TOP2:
                 a2 = tl.maximum(a2, tl.minimum(a1, x))
             a1 = tl.maximum(a1, x)
-        xm = tl.max(x, axis=0)
+        if HAS_THR:
+            x = tl.where(x >= thr, x, -float("inf"))
+        xm = tl.max(x, axis=0)  # one reduction: the tile max for Z and for the skip test
         if ZSTATS:
-            tm = xm
-            tmax = tl.where(tiles == (start - lo) // BLOCK, tm, tmax)
-            new_m = tl.maximum(zm, tm)
+            tmax = tl.where(tiles == (start - lo) // BLOCK, xm, tmax)
+            new_m = tl.maximum(zm, xm)
             safe_m = tl.where(new_m > -float("inf"), new_m, 0.0)
             s = tl.sum(tl.math.exp2((x - safe_m) * 1.4426950408889634), axis=0)
             z = z * tl.math.exp2((zm - safe_m) * 1.4426950408889634) + s
             zm = new_m
-        if HAS_THR:
-            x = tl.where(x >= thr, x, -float("inf"))
-            xm = tl.max(x, axis=0)
         # noise never exceeds G_MAX (u <= U_MAX): a tile whose max is that far below the
         # best noisy value cannot win; else only tokens whose hash bounds their noise
         # high enough get the two logs
         if xm + _G_MAX >= best_row:
-            h = _fmix32(hc ^ k1) ^ k2
+            h = token_hash(hc, k1, k2)
             if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
                 v = x + _noise_of_hash(h, FAST_LOG)
                 take = v > best

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.gumbel_sample import (
-    _could_reach, _fmix32, _noise_of_hash, col_hash, gumbel_noise, gumbel_sample_triton, hash_uniform, row_keys,
+    _could_reach, _noise_of_hash, col_hash, gumbel_noise, gumbel_sample_triton, hash_uniform, row_keys, token_hash,
 )
 from core_runner.sample import rng
 from core_runner.sample.sampler import gumbel_sample_ref, inverse_temperature
@@ -98,7 +98,7 @@ def _bound_kernel(x_ptr, best_ptr, col_ptr, seed_ptr, pos_ptr, v_ptr, could_ptr,
     x = tl.load(x_ptr + i * n_cols + offs, mask=ok, other=0.0)
     best = tl.load(best_ptr + i * n_cols + offs, mask=ok, other=0.0)
     cols = tl.load(col_ptr + offs, mask=ok, other=0)
-    h = _fmix32(col_hash(cols) ^ k1) ^ k2
+    h = token_hash(col_hash(cols), k1, k2)
     tl.store(v_ptr + i * n_cols + offs, x + _noise_of_hash(h, False), mask=ok)
     tl.store(could_ptr + i * n_cols + offs, _could_reach(x, h, best).to(tl.int32), mask=ok)
 
