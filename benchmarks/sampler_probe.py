@@ -5,7 +5,11 @@ or SPLIT programs per row (a contiguous part each), at a few tile widths and war
   read   load, scale, running max (the floor: what a bare read costs in this layout)
   hash   + the per-token hash (kept alive by folding it into the result)
   bound  + the hash-bound skip test and the per-tile "any" reduction (no logs)
-  full   ``gumbel_pass`` itself (split 1 only)
+  full   ``gumbel_pass`` itself (temperature only: no statistics)
+  fullz  ``gumbel_pass`` with the lane maxima, Z and tile maxima (top-p's read 1)
+
+Times are GPU times (CUDA events around back-to-back launches), next to torch's copy
+(half of it is "one read"), amax and sum over the rows on the same tensor.
 
 Usage (GPU): python3 benchmarks/sampler_probe.py [--json out.json]. Also runs on CPU
 tensors under TRITON_INTERPRET=1 with small shapes (the smoke test does that).
@@ -15,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 import triton
@@ -25,7 +28,7 @@ from core_runner.kernels.gumbel_sample import (
     _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
 
-MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3}
+MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4}
 
 
 @triton.jit
@@ -36,14 +39,18 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
     s = tl.program_id(1)
     row = logits_ptr + i.to(tl.int64) * s_row
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+    lo = s * part
+    hi = tl.minimum(lo + part, vocab)
     if MODE == 3:
-        tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, 0.0, k1, k2, False, False, False, False,
-                                                  FAST_LOG, BLOCK, NT, 1, 0)
+        tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, False, False, False,
+                                                  FAST_LOG, BLOCK, NT, 1, lo)
         res = tok.to(tl.float32)
+    elif MODE == 4:
+        tok, a1, _a2, nf, z, tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True,
+                                              FAST_LOG, BLOCK, NT, 1, lo)
+        res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
     else:
         lanes = tl.arange(0, BLOCK)
-        lo = s * part
-        hi = tl.minimum(lo + part, vocab)
         best = tl.full([BLOCK], -float("inf"), tl.float32)
         acc = tl.zeros([BLOCK], dtype=tl.uint32)
         best_row = tl.full([], -float("inf"), tl.float32)
@@ -75,22 +82,27 @@ def probe(logits: torch.Tensor, mode: str, split: int = 1, block: int = 2048, nu
     part = triton.cdiv(triton.cdiv(vocab, split), block) * block
     _probe_kernel[(n, split)](
         logits, logits.stride(0), seeds, pos, out, vocab, part, 1.0 / 0.7, MODE=MODES[mode], SPLIT=split,
-        FAST_LOG=use_fast_log(dev), BLOCK=block, NT=triton.next_power_of_2(triton.cdiv(vocab, block)),
+        FAST_LOG=use_fast_log(dev), BLOCK=block, NT=triton.next_power_of_2(triton.cdiv(part, block)),
         num_warps=num_warps,
     )
     return out
 
 
-def _time_ms(fn, iters: int = 20) -> float:
+def _time_ms(fn, reps: int = 10, rounds: int = 5) -> float:
+    """GPU milliseconds per call: CUDA events around ``reps`` back-to-back calls, median
+    of ``rounds``."""
     fn()
     torch.cuda.synchronize()
     times = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(reps):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -102,11 +114,14 @@ def main(argv: list[str] | None = None) -> dict:
     read_ms = _time_ms(lambda: dst.copy_(logits)) / 2
     res = {"read_ms_at_copy_bw": read_ms}
     print(f"one read at copy bandwidth: {read_ms:.3f} ms", flush=True)
-    shapes = [(1, 2048, 4), (1, 2048, 8), (1, 1024, 4), (4, 2048, 4), (8, 1024, 4), (8, 2048, 8)]
-    for mode in ("read", "hash", "bound", "full"):
+    for name, fn in (("torch_amax", lambda: logits.amax(dim=1)), ("torch_sum", lambda: logits.sum(dim=1))):
+        res[name] = _time_ms(fn)
+        print(f"  {name}: {res[name]:.3f} ms ({res[name] / read_ms:.2f} reads)", flush=True)
+    # (split, block, warps); BLOCK / (32 warps) values per thread and array: 8-16 keeps registers
+    shapes = [(1, 2048, 4), (1, 2048, 8), (1, 512, 1), (2, 512, 1), (4, 512, 1), (8, 512, 1), (8, 256, 1),
+              (16, 256, 1), (4, 1024, 2), (8, 1024, 2), (4, 2048, 4)]
+    for mode in ("read", "bound", "full", "fullz"):
         for split, block, warps in shapes:
-            if mode == "full" and split != 1:
-                continue
             ms = _time_ms(lambda: probe(logits, mode, split, block, warps))
             key = f"{mode}_s{split}_b{block}_w{warps}"
             res[key] = ms

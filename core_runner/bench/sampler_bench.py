@@ -30,10 +30,28 @@ def _sync(device: torch.device) -> None:
 
 
 def _time(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> float:
-    """Median seconds per call."""
+    """Median seconds per call. On CUDA: device time, CUDA events around ``iters``
+    back-to-back calls (so the host's launch work overlaps the previous call, as in the
+    engine's asynchronous loop), median of five such rounds."""
     for _ in range(warmup):
         fn()
     _sync(device)
+    if device.type == "cuda":
+        rounds = []
+        for _ in range(5):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            for _ in range(iters):
+                fn()
+            b.record()
+            b.synchronize()
+            rounds.append(a.elapsed_time(b) / 1e3 / iters)
+        return statistics.median(rounds)
+    return _wall(fn, device, iters)
+
+
+def _wall(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """Median wall seconds of one call with a device sync after each (launch and sync included)."""
     times = []
     for _ in range(iters):
         t = time.perf_counter()
@@ -91,6 +109,8 @@ def run_sampler_bench(
     for k, f in fns.items():
         secs[k] = _time(f, dev, iters, warmup)
         print(f"  {k}: {1e3 * secs[k]:.3f} ms", flush=True)
+    # the same two with a sync after every call (the figures of sessions 1-3 were taken so)
+    wall = {k: 1e3 * _wall(fns[k], dev, iters) for k in ("top_p", "copy")} if dev.type == "cuda" else None
     read_s = secs["copy"] / 2
     nbytes = logits.numel() * logits.element_size()
     res = {
@@ -105,6 +125,8 @@ def run_sampler_bench(
         "speedup_vs_torch": secs["torch_softmax_multinomial"] / secs["top_p"],
         **{f"sampler_{name}_ms": 1e3 * secs[name] for name in other},
         "top_p_rows_kept_redrawn_searched": _top_p_paths(logits, top_p_meta) if sampler.use_triton else None,
+        "timing": "cuda events, back-to-back calls" if dev.type == "cuda" else "wall, sync per call",
+        "wall_sync_each_ms": wall,
     }
     if sampler.use_triton and sweep:
         res["tile_sweep_ms"] = _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup)
@@ -125,33 +147,27 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
 
 
 def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
-    """Both kernels (cut sampler on the top-p case, plain Gumbel on temperature only) at a
-    few tile widths and warp counts, and the plain one with rows split over programs:
-    which launch shape the defaults should take."""
+    """Both kernels (cut sampler on the top-p case, plain Gumbel on temperature only) with
+    rows split over programs at a few tile widths and warp counts: which launch shape the
+    defaults should take."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
     from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 
     m, t = top_p_meta, temp_meta
     out = {}
-    for block, warps in ((1024, 4), (2048, 4), (2048, 8), (4096, 8), (4096, 16)):
-            cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
-                                                  m.log_min_p, block=block, num_warps=warps)
-            plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
-                                                 num_warps=warps)
-            out[f"top_p_b{block}_w{warps}"] = 1e3 * _time(cut, dev, iters, warmup)
-            out[f"temp_b{block}_w{warps}"] = 1e3 * _time(plain, dev, iters, warmup)
-            print(f"  b{block} w{warps}: top-p {out[f'top_p_b{block}_w{warps}']:.3f} ms, temperature only "
-                  f"{out[f'temp_b{block}_w{warps}']:.3f} ms", flush=True)
-    for split in (4, 8):  # top-p, each row over several programs (four launches)
+    for split, block, warps in ((4, 2048, 4), (4, 512, 1), (8, 512, 1), (4, 1024, 2), (8, 1024, 2)):
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
-                                              m.log_min_p, block=2048, num_warps=4, split=split)
-        out[f"top_p_b2048_w4_split{split}"] = 1e3 * _time(cut, dev, iters, warmup)
-        print(f"  b2048 w4 split {split}: top-p {out[f'top_p_b2048_w4_split{split}']:.3f} ms", flush=True)
-    for split in (2, 4, 8):  # temperature only, each row over several programs
-        plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=2048,  # noqa: E731
-                                             num_warps=4, split=split)
-        out[f"temp_b2048_w4_split{split}"] = 1e3 * _time(plain, dev, iters, warmup)
-        print(f"  b2048 w4 split {split}: temperature only {out[f'temp_b2048_w4_split{split}']:.3f} ms", flush=True)
+                                              m.log_min_p, block=block, num_warps=warps, split=split)
+        key = f"top_p_s{split}_b{block}_w{warps}"
+        out[key] = 1e3 * _time(cut, dev, iters, warmup)
+        print(f"  {key}: {out[key]:.3f} ms", flush=True)
+    for split, block, warps in ((1, 2048, 8), (4, 2048, 4), (4, 512, 1), (8, 512, 1), (4, 1024, 2), (8, 1024, 2),
+                                (16, 256, 1)):
+        plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
+                                             num_warps=warps, split=split)
+        key = f"temp_s{split}_b{block}_w{warps}"
+        out[key] = 1e3 * _time(plain, dev, iters, warmup)
+        print(f"  {key}: {out[key]:.3f} ms", flush=True)
     return out
 
 

@@ -214,14 +214,15 @@ def sample_with_cuts_split(
     cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
     cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
     fast_log = use_fast_log(dev)
+    row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
     _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, part_tok, part_f, part_nf, a1, tmax, vocab, part,
                                 n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, num_warps=num_warps)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                         n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, num_warps=num_warps)
+                         n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, num_warps=row_warps)
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)
     _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
                          paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
-                         NP=num_pivots, num_warps=num_warps)
+                         NP=num_pivots, num_warps=row_warps)
     return out

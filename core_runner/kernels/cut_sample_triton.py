@@ -266,31 +266,32 @@ def _above_tiles(row, vocab, inv_t, m, x_t, target, tmax, cx_ptr, ci_ptr, BLOCK:
     rem = tl.where(tiles == j, -float("inf"), rem)
     cols = j * BLOCK + lanes
     x = tl.load(row + cols, mask=cols < tl.where(ok, vocab, 0), other=-float("inf"))
-    while ok & (covered == 0):
-        # the next tile to visit is known before this one is summed: its load is in flight
-        nxt = tl.max(rem, axis=0)  # N: the largest max of the tiles not summed yet
-        n_ok = nxt > x_t
-        nj = tl.argmax(rem, axis=0)
-        rem = tl.where(tiles == tl.where(n_ok, nj, -1), -float("inf"), rem)
-        n_cols = nj * BLOCK + lanes
-        x_next = tl.load(row + n_cols, mask=n_cols < tl.where(n_ok, vocab, 0), other=-float("inf"))
-        x = x.to(tl.float32) * inv_t
-        gt = x > x_t
-        a += tl.sum(tl.where(gt, tl.exp(x - m), 0.0), axis=0)
-        sel = gt.to(tl.int32)
-        at = n_c + tl.cumsum(sel, axis=0) - 1
-        put = gt & (at < CAP)
-        tl.store(cx_ptr + at, x, mask=put, cache_modifier=".cg")
-        tl.store(ci_ptr + at, cols, mask=put, cache_modifier=".cg")
-        n_c += tl.sum(sel, axis=0)
-        if (a >= target) & (n_c <= CAP):
-            tl.debug_barrier()  # the candidates were stored by other threads
-            cx = tl.load(cx_ptr + offs, mask=offs < n_c, other=-float("inf"), cache_modifier=".cg")
-            if tl.sum(tl.where(cx > nxt, tl.exp(cx - m), 0.0), axis=0) >= target:
-                covered = 1
-        ok = n_ok
-        cols = n_cols
-        x = x_next
+    for _ in range(NT):  # (a while loop here crashes triton 3.6's layout pass on sm90)
+        if ok & (covered == 0):
+            # the next tile to visit is known before this one is summed: its load is in flight
+            nxt = tl.max(rem, axis=0)  # N: the largest max of the tiles not summed yet
+            n_ok = nxt > x_t
+            nj = tl.argmax(rem, axis=0)
+            rem = tl.where(tiles == tl.where(n_ok, nj, -1), -float("inf"), rem)
+            n_cols = nj * BLOCK + lanes
+            x_next = tl.load(row + n_cols, mask=n_cols < tl.where(n_ok, vocab, 0), other=-float("inf"))
+            x = x.to(tl.float32) * inv_t
+            gt = x > x_t
+            a += tl.sum(tl.where(gt, tl.exp(x - m), 0.0), axis=0)
+            sel = gt.to(tl.int32)
+            at = n_c + tl.cumsum(sel, axis=0) - 1
+            put = gt & (at < CAP)
+            tl.store(cx_ptr + at, x, mask=put, cache_modifier=".cg")
+            tl.store(ci_ptr + at, cols, mask=put, cache_modifier=".cg")
+            n_c += tl.sum(sel, axis=0)
+            if (a >= target) & (n_c <= CAP):
+                tl.debug_barrier()  # the candidates were stored by other threads
+                cx = tl.load(cx_ptr + offs, mask=offs < n_c, other=-float("inf"), cache_modifier=".cg")
+                if tl.sum(tl.where(cx > nxt, tl.exp(cx - m), 0.0), axis=0) >= target:
+                    covered = 1
+            ok = n_ok
+            cols = n_cols
+            x = x_next
     return a, n_c
 
 

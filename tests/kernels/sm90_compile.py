@@ -1,0 +1,123 @@
+"""Compile the sampler's Triton kernels for an H100/H200 (sm90) on a machine without a GPU.
+
+The launchers run on small CPU tensors with ``JITFunction.run`` replaced: every launch is
+compiled for ``GPUTarget("cuda", 90, 32)`` from the arguments it was given (pointer and
+integer types, the constexprs, num_warps) instead of being run. A kernel the GPU
+compiler rejects (e.g. triton 3.6's layout pass crashing on a tensor-carrying while
+loop) fails here, before any device time is spent. Run it with TRITON_INTERPRET unset
+(the interpreter never compiles):
+
+    python tests/kernels/sm90_compile.py            # every case, prints one line each
+
+To check another triton (the GPU image has 3.6): install it with
+``pip install --no-deps --target DIR triton==3.6.0`` and put DIR first on PYTHONPATH.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+
+_PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int64: "*i64",
+        torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1"}
+
+
+def _compile_launch(fn: JITFunction, args: tuple, kwargs: dict) -> str:
+    """Compile one launch for sm90; returns the kernel's name."""
+    names = fn.arg_names
+    bound = dict(zip(names, args))
+    bound.update({k: v for k, v in kwargs.items() if k in names})
+    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+    sig, const, attrs = {}, {}, {}
+    for i, (name, param) in enumerate(zip(names, fn.params)):
+        value = bound.get(name, param.default)
+        if param.is_constexpr:
+            sig[name] = "constexpr"
+            const[name] = value
+        elif isinstance(value, torch.Tensor):
+            sig[name] = _PTR[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, bool):
+            sig[name] = "i1"
+        elif isinstance(value, int):
+            sig[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+            if value % 16 == 0 and value != 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):
+            sig[name] = "fp32"
+        elif value is None:
+            sig[name] = "constexpr"
+            const[name] = None
+        else:
+            raise TypeError(f"{fn.__name__}: argument {name} of type {type(value).__name__} is not handled")
+    triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+    return fn.__name__
+
+
+class compiling_for_sm90:
+    """Context manager: launches inside compile for sm90 instead of running; the names of
+    the compiled kernels collect in ``.compiled``."""
+
+    def __enter__(self):
+        self.compiled: list[str] = []
+        self._run = JITFunction.run
+
+        def run(fn, *args, grid, warmup, **kwargs):
+            self.compiled.append(_compile_launch(fn, args, kwargs))
+
+        JITFunction.run = run
+        return self
+
+    def __exit__(self, *exc):
+        JITFunction.run = self._run
+        return False
+
+
+def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
+    """name -> zero-argument callable that launches one sampler path on CPU tensors, at
+    the shapes the defaults take (block 2048) plus the split paths."""
+    from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+    from core_runner.kernels.gumbel_sample import gumbel_sample_triton
+
+    x = torch.randn(n, vocab)
+    inv = torch.full((n,), 1.3)
+    seeds = torch.arange(n)
+    pos = torch.full((n,), 7)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.full((n,), 0.9)
+    lmp = torch.full((n,), -float("inf"))
+    cases = {
+        "gumbel": lambda: gumbel_sample_triton(x, inv, seeds, pos),
+        "cut": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp),
+        "cut_block256_cap16": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, block=256, cap=16),
+    }
+    for s, b, w in ((2, 2048, 8), (4, 512, 1)):
+        cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
+            x, inv, seeds, pos, split=s, block=b, num_warps=w)
+        cases[f"cut_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: sample_with_cuts_triton(
+            x, inv, seeds, pos, k, p, lmp, split=s, block=b, num_warps=w)
+    return cases
+
+
+def main(names: list[str]) -> int:
+    cases = sampler_cases()
+    failed = 0
+    for name in names or list(cases):
+        t = time.perf_counter()
+        try:
+            with compiling_for_sm90() as c:
+                cases[name]()
+            print(f"ok   {name}: {', '.join(c.compiled)} ({time.perf_counter() - t:.1f} s)", flush=True)
+        except Exception as e:  # noqa: BLE001 (report every case)
+            failed += 1
+            print(f"FAIL {name}: {type(e).__name__}: {str(e)[-300:]}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
