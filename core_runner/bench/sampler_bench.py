@@ -140,8 +140,11 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
     """How the fused cut kernel settled the rows of the top-p case."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 
+    from core_runner.sample.sampler import CUT_SHAPE
+
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
-    sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, paths=paths)
+    sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, paths=paths,
+                            **CUT_SHAPE)
     counts = torch.bincount(paths.long(), minlength=4).tolist()
     return counts[1:4]
 
@@ -155,14 +158,13 @@ def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
 
     m, t = top_p_meta, temp_meta
     out = {}
-    for split, block, warps in ((4, 2048, 4), (4, 512, 1), (8, 512, 1), (4, 1024, 2), (8, 1024, 2)):
+    for split, block, warps in ((1, 2048, 8), (4, 512, 1), (8, 256, 1), (16, 256, 1), (4, 1024, 2)):
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
                                               m.log_min_p, block=block, num_warps=warps, split=split)
         key = f"top_p_s{split}_b{block}_w{warps}"
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
         print(f"  {key}: {out[key]:.3f} ms", flush=True)
-    for split, block, warps in ((1, 2048, 8), (4, 2048, 4), (4, 512, 1), (8, 512, 1), (4, 1024, 2), (8, 1024, 2),
-                                (16, 256, 1)):
+    for split, block, warps in ((1, 2048, 8), (4, 512, 1), (8, 512, 1), (8, 256, 1), (32, 256, 1), (16, 128, 1)):
         plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
                                              num_warps=warps, split=split)
         key = f"temp_s{split}_b{block}_w{warps}"

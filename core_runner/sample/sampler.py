@@ -37,6 +37,13 @@ from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.penalties import apply_penalties
 
 
+# Launch shapes of the Triton samplers: each row over `split` programs of `num_warps`
+# warps reading tiles of `block` columns (fastest measured on the H200 at [1024 x 151,936]
+# fp32, benchmarks/RESULTS.md; the launchers clamp split to the row's tiles).
+CUT_SHAPE = dict(split=8, block=512, num_warps=1)
+GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
+
+
 @dataclass(slots=True)
 class SamplerOutput:
     sampled: torch.Tensor  # [num_reqs] int64
@@ -107,7 +114,7 @@ class Sampler:
             from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 
             return sample_with_cuts_triton(work, meta.inv_temp, meta.seeds, meta.positions, meta.top_k,
-                                           meta.top_p, meta.log_min_p)
+                                           meta.top_p, meta.log_min_p, **CUT_SHAPE)
         threshold = top_k_top_p_threshold_ref(work, meta.inv_temp, meta.top_k, meta.top_p, meta.log_min_p)
         return gumbel_sample_ref(work, meta.inv_temp, meta.seeds, meta.positions, threshold)
 
@@ -116,5 +123,5 @@ class Sampler:
         if self.use_triton:
             from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 
-            return gumbel_sample_triton(*args)
+            return gumbel_sample_triton(*args, **GUMBEL_SHAPE)
         return gumbel_sample_ref(*args)

@@ -79,8 +79,8 @@ class compiling_for_sm90:
 
 
 def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
-    """name -> zero-argument callable that launches one sampler path on CPU tensors, at
-    the shapes the defaults take (block 2048) plus the split paths."""
+    """name -> zero-argument callable that launches one sampler path on CPU tensors: the
+    one-program kernels and the split ones at the Sampler's shapes and a few others."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
     from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 
@@ -96,7 +96,7 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
         "cut": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp),
         "cut_block256_cap16": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, block=256, cap=16),
     }
-    for s, b, w in ((2, 2048, 8), (4, 512, 1)):
+    for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
         cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
             x, inv, seeds, pos, split=s, block=b, num_warps=w)
         cases[f"cut_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: sample_with_cuts_triton(
