@@ -4,7 +4,7 @@ or SPLIT programs per row (a contiguous part each), at a few tile widths and war
 
   read   load, scale, running max (the floor: what a bare read costs in this layout)
   hash   + the per-token hash (kept alive by folding it into the result)
-  bound  + the tile's skip test (its max x and largest hash; no per-token logs)
+  bound  + the hash-bound skip test and the per-tile "any" reduction (no logs)
   full   ``gumbel_pass`` itself (temperature only: no statistics)
   fullz  ``gumbel_pass`` with the lane maxima, Z and tile maxima (top-p's read 1)
 
@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.gumbel_sample import (
-    _tile_could_reach, _tile_hash_max, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
+    _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
 
 MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4}
@@ -66,9 +66,8 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
                 h = token_hash(hc, k1, k2)
                 acc ^= h
                 if MODE >= 2:
-                    xm = tl.max(x, axis=0)
-                    n_any += _tile_could_reach(xm, _tile_hash_max(h), best_row, FAST_LOG).to(tl.int32)
-                    best_row = tl.maximum(best_row, xm + 3.0)
+                    n_any += tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0)
+                    best_row = tl.maximum(best_row, tl.max(x, axis=0) + 3.0)
             hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
         res = tl.max(best, axis=0) + (tl.max(acc, axis=0) & 1).to(tl.float32) + n_any.to(tl.float32) * 1e-9
     tl.store(out_ptr + i * SPLIT + s, res)

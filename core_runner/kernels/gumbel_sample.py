@@ -23,22 +23,18 @@ NVIDIA GPU it is ``libdevice.fast_logf`` (one lg2.approx), and ``tl.log`` elsewh
 u is clamped below 1 as in rng.py. It loads the next tile before working on the current
 one, which hides the load latency without the shared-memory staging of a pipelined loop.
 
-Most tiles never get the two logs (they cost ~30 instructions of a token; with them in
-every tile the pass is compute-bound): once a tile has set the row's best noisy value B,
-a token can only win if x + g >= B. Two tests, cheap first, skip a tile:
-- the tile: the noise is a non-decreasing function of the top 24 bits of the hash, so no
-  token exceeds xm + noise(hmax) (xm: the tile's max x, hmax: its largest hash); one
-  max per token and two logs per tile. It pairs the largest x with the largest uniform,
-  so on the benchmark's rows 15-80% of tiles pass it (more with wider tiles).
-- each token: with W = 2**24 - 1 - (top 24 bits of h), 1 - u >= W / 2**24 and
-  -log(u) >= 1 - u, so g = -log(-log(u)) <= log(2**24 / W): the token cannot reach B when
-  W > 2**24 exp(x - B + eps) (one exp2 and a float compare of the bit pattern
-  2**23 + W / 2). The expected number of tokens that pass it in a tile is about (the
-  tile's share of the mass) / (the share seen so far): a handful of the ~75 tiles of a
-  151,936 row.
-eps covers the float error of the noise and of x + g. A tile whose max is over G_MAX
-(the noise of U_MAX) below B is skipped before hashing. Skipped tokens lie strictly
-below B, so the token and its tie rule (first index) are those of the full computation.
+Most tokens never get the two logs (they cost ~30 instructions of a ~50-instruction
+token; the pass would be compute-bound): once a tile has set the row's best noisy value
+B, a token can only win if x + g >= B, and its noise is bounded by its hash alone.
+With W = 2**24 - 1 - (top 24 bits of h), 1 - u >= W / 2**24 and -log(u) >= 1 - u, so
+g = -log(-log(u)) <= log(2**24 / W): the token is skipped when W > 2**24 exp(x - B + eps)
+(one exp2 and a float compare of the bit pattern 2**23 + W / 2, no int->float
+conversion; eps covers the float error of the noise and of x + g). A tile with no
+token left is skipped; so is a tile whose max is over G_MAX (the noise of U_MAX) below
+B, before hashing. Skipped tokens lie strictly below B, so the token and its tie rule
+(first index) are those of the full computation. The expected number of tokens that
+pass the test in a tile is about (the tile's share of the mass) / (the share seen so
+far), whatever the distribution: a handful of the ~75 tiles of a 151,936 row.
 
 ``gumbel_pass`` and ``argmax_pass`` are shared with the fused cut sampler
 (``cut_sample_triton.py``), which also asks ``gumbel_pass`` for the row statistics it
@@ -134,14 +130,6 @@ def first_argmax(best, idx):
 
 
 @triton.jit
-def _tile_could_reach(xm, hmax, best_row, FAST_LOG: tl.constexpr):
-    """False only where no token of a tile whose largest x is xm and whose largest hash
-    has the top 24 bits of ``hmax`` can reach best_row (see the module docstring)."""
-    margin = 1e-3 + 4e-6 * tl.abs(best_row)  # float error of the noise and of x + noise
-    return ~(xm + _noise_of_hash(hmax, FAST_LOG) + margin < best_row)  # NaN counts as "could"
-
-
-@triton.jit
 def _could_reach(x, h, best_row):
     """False only where x + noise(h) < best_row for sure (see the module docstring)."""
     # 2**23 + floor(W / 2) as a float, W = 2**24 - 1 - (top 24 bits of h): 1 - u >= W / 2**24
@@ -149,12 +137,6 @@ def _could_reach(x, h, best_row):
     margin = 1e-3 + 4e-6 * tl.abs(best_row)  # float error of the noise and of x + noise
     r = 8388608.0 + 8388608.0 * tl.math.exp2((x - best_row + margin) * 1.4426950408889634)
     return ~(wf > r)  # a NaN bound (inf - inf) counts as "could"
-
-
-@triton.jit
-def _tile_hash_max(h):
-    """The largest of the hashes' top 24 bits, as a hash (the noise depends on those only)."""
-    return tl.max((h >> 8).to(tl.int32), axis=0).to(tl.uint32) << 8
 
 
 @triton.jit
@@ -202,17 +184,16 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
             z = z * tl.math.exp2((zm - safe_m) * 1.4426950408889634) + s
             zm = new_m
         # noise never exceeds G_MAX (u <= U_MAX): a tile whose max is that far below the
-        # best noisy value cannot win; else the tile's largest hash bounds its noise, and
-        # then each token's hash bounds its own
+        # best noisy value cannot win; else only tokens whose hash bounds their noise
+        # high enough get the two logs
         if xm + _G_MAX >= best_row:
             h = token_hash(hc, k1, k2)
-            if _tile_could_reach(xm, _tile_hash_max(h), best_row, FAST_LOG):
-                if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
-                    v = x + _noise_of_hash(h, FAST_LOG)
-                    take = v > best
-                    best = tl.where(take, v, best)
-                    bidx = tl.where(take, cols, bidx)
-                    best_row = tl.max(best, axis=0)
+            if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
+                v = x + _noise_of_hash(h, FAST_LOG)
+                take = v > best
+                best = tl.where(take, v, best)
+                bidx = tl.where(take, cols, bidx)
+                best_row = tl.max(best, axis=0)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
     if ZSTATS:
         z = tl.where(zm > -float("inf"), z, 0.0)
