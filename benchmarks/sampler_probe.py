@@ -7,6 +7,8 @@ or SPLIT programs per row (a contiguous part each), at a few tile widths and war
   bound  + the hash-bound skip test and the per-tile "any" reduction (no logs)
   full   ``gumbel_pass`` itself (temperature only: no statistics)
   fullz  ``gumbel_pass`` with the lane maxima, Z and tile maxima (top-p's read 1)
+  fullc, fullzc  the same two with compaction (only tokens within G_MAX of the best are
+         hashed, 32 x warps lanes at a time)
 
 Times are GPU times (CUDA events around back-to-back launches), next to torch's copy
 (half of it is "one read"), amax and sum over the rows on the same tensor.
@@ -28,26 +30,29 @@ from core_runner.kernels.gumbel_sample import (
     _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
 
-MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4}
+MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "fullc": 5, "fullzc": 6}
 
 
 @triton.jit
-def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, inv_t,
+def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, inv_t, scr_x_ptr, scr_i_ptr,
                   MODE: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                  NT: tl.constexpr):
+                  NT: tl.constexpr, C: tl.constexpr):
     i = tl.program_id(0)
     s = tl.program_id(1)
     row = logits_ptr + i.to(tl.int64) * s_row
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)
     lo = s * part
     hi = tl.minimum(lo + part, vocab)
-    if MODE == 3:
+    scr = (i * SPLIT + s).to(tl.int64) * BLOCK
+    if (MODE == 3) | (MODE == 5):
         tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, False, False, False,
-                                                  FAST_LOG, BLOCK, NT, 1, lo)
+                                                  FAST_LOG, BLOCK, NT, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr,
+                                                  C if MODE == 5 else 0)
         res = tok.to(tl.float32)
-    elif MODE == 4:
+    elif (MODE == 4) | (MODE == 6):
         tok, a1, _a2, nf, z, tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True,
-                                              FAST_LOG, BLOCK, NT, 1, lo)
+                                              FAST_LOG, BLOCK, NT, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr,
+                                              C if MODE == 6 else 0)
         res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
     else:
         lanes = tl.arange(0, BLOCK)
@@ -80,10 +85,12 @@ def probe(logits: torch.Tensor, mode: str, split: int = 1, block: int = 2048, nu
     pos = torch.full((n,), 100, device=dev)
     out = torch.empty(n * split, device=dev)
     part = triton.cdiv(triton.cdiv(vocab, split), block) * block
+    scr_x = torch.empty((n * split, block), device=dev)
+    scr_i = torch.empty((n * split, block), dtype=torch.int32, device=dev)
     _probe_kernel[(n, split)](
-        logits, logits.stride(0), seeds, pos, out, vocab, part, 1.0 / 0.7, MODE=MODES[mode], SPLIT=split,
-        FAST_LOG=use_fast_log(dev), BLOCK=block, NT=triton.next_power_of_2(triton.cdiv(part, block)),
-        num_warps=num_warps,
+        logits, logits.stride(0), seeds, pos, out, vocab, part, 1.0 / 0.7, scr_x, scr_i, MODE=MODES[mode],
+        SPLIT=split, FAST_LOG=use_fast_log(dev), BLOCK=block, NT=triton.next_power_of_2(triton.cdiv(part, block)),
+        C=32 * num_warps, num_warps=num_warps,
     )
     return out
 
@@ -120,7 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
     # (split, block, warps); BLOCK / (32 warps) values per thread and array: 8-16 keeps registers
     shapes = [(1, 2048, 8), (1, 512, 1), (4, 512, 1), (8, 512, 1), (8, 256, 1), (16, 256, 1), (32, 256, 1),
               (16, 128, 1), (32, 128, 1), (4, 1024, 2)]
-    for mode in ("full", "fullz"):  # (read, hash and bound are in the smoke test and RESULTS.md)
+    for mode in ("full", "fullc", "fullz", "fullzc"):  # (read, hash, bound: smoke test and RESULTS.md)
         for split, block, warps in shapes:
             ms = _time_ms(lambda: probe(logits, mode, split, block, warps))
             key = f"{mode}_s{split}_b{block}_w{warps}"

@@ -151,23 +151,25 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
 
 def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
     """Both kernels (cut sampler on the top-p case, plain Gumbel on temperature only) with
-    rows split over programs at a few tile widths and warp counts: which launch shape the
-    defaults should take."""
+    rows split over programs at a few tile widths and warp counts, with and without read
+    1's compaction: which launch shape the defaults should take."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
     from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 
     m, t = top_p_meta, temp_meta
     out = {}
-    for split, block, warps in ((1, 2048, 8), (4, 512, 1), (8, 256, 1), (16, 256, 1), (4, 1024, 2)):
+    # (split, block, warps, compact lanes; 0: no compaction)
+    for split, block, warps, c in ((8, 512, 1, 0), (8, 512, 1, 32), (4, 512, 1, 32), (8, 1024, 2, 64)):
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
-                                              m.log_min_p, block=block, num_warps=warps, split=split)
-        key = f"top_p_s{split}_b{block}_w{warps}"
+                                              m.log_min_p, block=block, num_warps=warps, split=split, compact=c)
+        key = f"top_p_s{split}_b{block}_w{warps}_c{c}"
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
         print(f"  {key}: {out[key]:.3f} ms", flush=True)
-    for split, block, warps in ((1, 2048, 8), (4, 512, 1), (8, 512, 1), (8, 256, 1), (32, 256, 1), (16, 128, 1)):
+    for split, block, warps, c in ((16, 256, 1, 0), (16, 256, 1, 32), (8, 512, 1, 32), (4, 512, 1, 32),
+                                   (8, 1024, 2, 64), (1, 2048, 8, 256)):
         plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
-                                             num_warps=warps, split=split)
-        key = f"temp_s{split}_b{block}_w{warps}"
+                                             num_warps=warps, split=split, compact=c)
+        key = f"temp_s{split}_b{block}_w{warps}_c{c}"
         out[key] = 1e3 * _time(plain, dev, iters, warmup)
         print(f"  {key}: {out[key]:.3f} ms", flush=True)
     return out

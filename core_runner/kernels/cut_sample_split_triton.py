@@ -42,13 +42,14 @@ _ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
 
 @triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, part_tok_ptr, part_f_ptr, part_nf_ptr,
-                  a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles,
-                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr):
+                  a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles, scr_x_ptr, scr_i_ptr,
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, C: tl.constexpr):
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if inv_t > 0:
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+        scr = (i * n_parts + s).to(tl.int64) * BLOCK  # the program's scratch (C > 0: compaction)
         t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
-                                              BLOCK, NTP, 1, lo)
+                                              BLOCK, NTP, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr, C)
         lanes = tl.arange(0, BLOCK)
         tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
         tiles = lo // BLOCK + tl.arange(0, NTP)
@@ -189,9 +190,11 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
 def sample_with_cuts_split(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
-    split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
+    split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int, compact: int = 0,
 ) -> torch.Tensor:
-    """The four launches (module docstring) for contiguous [n, V] logits, n > 0."""
+    """The four launches (module docstring) for contiguous [n, V] logits, n > 0;
+    ``compact`` > 0: read 1 hashes only the tokens within G_MAX of the best
+    (``gumbel_pass``), through a [n * parts, block] scratch."""
     n, vocab = logits.shape
     dev = logits.device
     n_tiles = triton.cdiv(vocab, block)
@@ -216,8 +219,13 @@ def sample_with_cuts_split(
     fast_log = use_fast_log(dev)
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
+    scr_x = scr_i = inv  # (unused without compaction)
+    if compact:
+        scr_x = torch.empty((n * n_parts, block), dtype=torch.float32, device=dev)
+        scr_i = torch.empty((n * n_parts, block), dtype=torch.int32, device=dev)
     _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, part_tok, part_f, part_nf, a1, tmax, vocab, part,
-                                n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, num_warps=num_warps)
+                                n_parts, n_tiles, scr_x, scr_i, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, C=compact,
+                                num_warps=num_warps)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
                          n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, num_warps=row_warps)
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,

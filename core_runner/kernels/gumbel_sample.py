@@ -36,6 +36,13 @@ B, before hashing. Skipped tokens lie strictly below B, so the token and its tie
 pass the test in a tile is about (the tile's share of the mass) / (the share seen so
 far), whatever the distribution: a handful of the ~75 tiles of a 151,936 row.
 
+Compaction (``compact`` = C > 0, opt-in until measured): the hash itself (~12 integer
+instructions) is then the pass's largest cost. A token can only win if x + G_MAX >= B,
+and on long rows few do (a row of N(0, 5.7): ~5%; real logits: far fewer), so a tile's
+such tokens are written in column order to a per-program scratch (one prefix sum) and
+only they are hashed and bounded, C lanes at a time. The first tile (B = -inf) passes
+whole.
+
 ``gumbel_pass`` and ``argmax_pass`` are shared with the fused cut sampler
 (``cut_sample_triton.py``), which also asks ``gumbel_pass`` for the row statistics it
 needs (per-lane maximum and second maximum, number of finite tokens).
@@ -140,20 +147,58 @@ def _could_reach(x, h, best_row):
 
 
 @triton.jit
+def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG: tl.constexpr, C: tl.constexpr):
+    """One tile of ``gumbel_pass`` with compaction: the tile's tokens that could reach
+    best_row (x + G_MAX >= it) go to the scratch in column order and are drawn C at a
+    time. Lane j of best / bidx sees increasing columns, so the strict '>' keeps the
+    first column of each lane's maximum, as in the uncompacted pass."""
+    sel = (x + _G_MAX >= best_row) & (x > -float("inf"))
+    seli = sel.to(tl.int32)
+    cnt = tl.sum(seli, axis=0)
+    at = tl.cumsum(seli, axis=0) - 1
+    tl.store(scr_x + at, x, mask=sel, cache_modifier=".cg")
+    tl.store(scr_i + at, cols, mask=sel, cache_modifier=".cg")
+    tl.debug_barrier()  # the tokens were written by other threads
+    for c0 in range(0, cnt, C):
+        offs = c0 + tl.arange(0, C)
+        ok = offs < cnt
+        cx = tl.load(scr_x + offs, mask=ok, other=-float("inf"), cache_modifier=".cg")
+        ci = tl.load(scr_i + offs, mask=ok, other=0, cache_modifier=".cg")
+        h = token_hash(col_hash(ci), k1, k2)
+        if tl.max(_could_reach(cx, h, best_row).to(tl.int32), axis=0) > 0:
+            v = cx + _noise_of_hash(h, FAST_LOG)
+            take = v > best
+            best = tl.where(take, v, best)
+            bidx = tl.where(take, ci, bidx)
+            best_row = tl.max(best, axis=0)
+    tl.debug_barrier()  # read before the next tile overwrites them
+    return best, bidx, best_row
+
+
+@triton.jit
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
                 TOP2: tl.constexpr, ZSTATS: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                NT: tl.constexpr, NS: tl.constexpr, lo):
+                NT: tl.constexpr, NS: tl.constexpr, lo, scr_x=None, scr_i=None, C: tl.constexpr = 0):
     """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read of
     the columns [lo, vocab) (lo a multiple of BLOCK).
 
     Returns (token, lane max of x, lane second max of x (TOP2), number of finite x, row
     mass Z = sum exp(x - max x) (ZSTATS), tile maxima of x (ZSTATS: [NT], -inf past the
     last tile; never with HAS_THR: they are of the whole row)); the statistics are computed
-    when STATS is set (before the threshold)."""
+    when STATS is set (before the threshold).
+
+    C > 0 (compaction): the tokens of a tile within G_MAX of the best so far are written
+    to the program's scratch (scr_x / scr_i: BLOCK floats and ints) and only they are
+    hashed, C at a time, in C lanes; the others cost a compare and a prefix sum instead
+    of the hash (module docstring)."""
     lanes = tl.arange(0, BLOCK)
-    best = tl.full([BLOCK], -float("inf"), tl.float32)
+    if C > 0:
+        best = tl.full([C], -float("inf"), tl.float32)
+        bidx = lo + tl.arange(0, C)
+    else:
+        best = tl.full([BLOCK], -float("inf"), tl.float32)
+        bidx = lo + lanes
     best_row = tl.full([], -float("inf"), tl.float32)  # max of best: a token that can win reaches it
-    bidx = lo + lanes
     a1 = tl.full([BLOCK], -float("inf"), tl.float32)
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
     nf = tl.zeros([BLOCK], dtype=tl.int32)
@@ -187,13 +232,16 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
         # best noisy value cannot win; else only tokens whose hash bounds their noise
         # high enough get the two logs
         if xm + _G_MAX >= best_row:
-            h = token_hash(hc, k1, k2)
-            if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
-                v = x + _noise_of_hash(h, FAST_LOG)
-                take = v > best
-                best = tl.where(take, v, best)
-                bidx = tl.where(take, cols, bidx)
-                best_row = tl.max(best, axis=0)
+            if C > 0:
+                best, bidx, best_row = _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG, C)
+            else:
+                h = token_hash(hc, k1, k2)
+                if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
+                    v = x + _noise_of_hash(h, FAST_LOG)
+                    take = v > best
+                    best = tl.where(take, v, best)
+                    bidx = tl.where(take, cols, bidx)
+                    best_row = tl.max(best, axis=0)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
     if ZSTATS:
         z = tl.where(zm > -float("inf"), z, 0.0)
@@ -227,8 +275,8 @@ def row_part(logits_ptr, s_row, inv_t_ptr, vocab, part):
 
 @triton.jit
 def _gumbel_argmax_kernel(
-    logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab, part,
-    HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr,
+    logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab, part, scr_x_ptr, scr_i_ptr,
+    HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr, C: tl.constexpr,
 ):
     """Program (i, s) draws row i over its columns [s * part, (s + 1) * part); with one
     program per row (part >= vocab) that is the row's token, else the part's (then
@@ -239,8 +287,9 @@ def _gumbel_argmax_kernel(
         if HAS_THR:
             thr = tl.load(thr_ptr + i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+        scr = (i * tl.num_programs(1) + s).to(tl.int64) * BLOCK  # the program's scratch (C > 0)
         tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, hi, inv_t, thr, k1, k2, HAS_THR, False, False, False,
-                                                  FAST_LOG, BLOCK, 1, NS, lo)
+                                                  FAST_LOG, BLOCK, 1, NS, lo, scr_x_ptr + scr, scr_i_ptr + scr, C)
     else:
         tok = argmax_pass(row, hi, BLOCK, NS, lo)
     tl.store(out_ptr + i * tl.num_programs(1) + s, tok.to(tl.int64))
@@ -283,14 +332,16 @@ def _combine_parts_kernel(logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_p
 def gumbel_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     threshold: torch.Tensor | None = None, out: torch.Tensor | None = None, block: int = 2048,
-    num_warps: int = 8, num_stages: int = 1, split: int = 1,
+    num_warps: int = 8, num_stages: int = 1, split: int = 1, compact: int = 0,
 ) -> torch.Tensor:
     """[n, V] logits (any float dtype) -> [n] int64 tokens; inv_temp 0 = argmax.
 
     ``threshold`` ([n] float32, on logits * inv_temp) keeps only tokens at or above it.
     ``split`` > 1 spreads each row over that many programs (contiguous parts of whole
     tiles) and picks among their tokens in a second small kernel: more loads in flight
-    when there are few rows per SM, at the price of one noise tile per part."""
+    when there are few rows per SM, at the price of one noise tile per part.
+    ``compact`` > 0 hashes only the tokens within G_MAX of the best so far, ``compact`` at
+    a time, through a scratch of [n * split, block] floats and ints."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -305,9 +356,13 @@ def gumbel_sample_triton(
         split = triton.cdiv(vocab, part)
         dst = out if split == 1 else torch.empty((n, split), dtype=torch.int64, device=logits.device)
         flags = dict(HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device))
+        scr_x = scr_i = inv  # (unused without compaction)
+        if compact:
+            scr_x = torch.empty((n * split, block), dtype=torch.float32, device=logits.device)
+            scr_i = torch.empty((n * split, block), dtype=torch.int32, device=logits.device)
         _gumbel_argmax_kernel[(n, split)](
-            logits, logits.stride(0), inv, thr, seeds, positions, dst, vocab, part,
-            **flags, BLOCK=block, NS=num_stages, num_warps=num_warps,
+            logits, logits.stride(0), inv, thr, seeds, positions, dst, vocab, part, scr_x, scr_i,
+            **flags, BLOCK=block, NS=num_stages, C=compact, num_warps=num_warps,
         )
         if split > 1:
             _combine_parts_kernel[(n,)](logits, logits.stride(0), inv, thr, seeds, positions, dst, out, split,
