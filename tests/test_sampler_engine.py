@@ -263,3 +263,25 @@ def test_reused_row_forgets_every_setting(untied):
     z = outs["Z"]
     assert z.token_ids == hf_greedy(untied, z_prompt, 10)
     assert z.logprobs is None and z.prompt_logprobs is None and z.stop_reason is None
+
+
+@pytest.mark.parametrize("other, top_p_only", [(dict(top_p=0.5), True), (dict(top_k=5), False),
+                                               (dict(min_p=0.1), False), (dict(temperature=0.0, top_k=5), True)])
+def test_metadata_says_when_every_cut_is_top_p_alone(untied, monkeypatch, other, top_p_only):
+    """``top_p_only`` (the Sampler's choice of the split cut kernel) holds exactly when no
+    sampled row of the batch cuts with top-k or min-p (a greedy row's settings do not count)."""
+    from core_runner.sample.sampler import Sampler
+
+    seen = []
+    cut = Sampler._cut_sample
+
+    def spy(self, work, meta):
+        seen.append(meta.top_p_only)
+        return cut(self, work, meta)
+
+    monkeypatch.setattr(Sampler, "_cut_sample", spy)
+    e = make_engine(untied, max_num_seqs=2)
+    a, b = random_prompts([6, 7], seed=91)
+    run(e, [("A", a, SamplingParams(max_tokens=3, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)),
+            ("B", b, SamplingParams(max_tokens=3, seed=2, ignore_eos=True, **{"temperature": 0.8, **other}))])
+    assert seen and all(s == top_p_only for s in seen), seen

@@ -93,6 +93,7 @@ def run_sampler_bench(
             m.top_k = torch.full((batch,), k, dtype=torch.int32, device=dev)
             m.top_p = torch.full((batch,), p, device=dev)
             m.log_min_p = torch.full((batch,), min_p, device=dev).log()
+            m.top_p_only = k <= 0 and min_p == 0.0
         return m
 
     top_p_meta, temp_meta = meta(top_p), meta(1.0)

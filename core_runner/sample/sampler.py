@@ -39,7 +39,8 @@ from core_runner.sample.penalties import apply_penalties
 
 # Launch shapes of the Triton samplers: each row over `split` programs of `num_warps`
 # warps reading tiles of `block` columns (fastest measured on the H200 at [1024 x 151,936]
-# fp32, benchmarks/RESULTS.md; the launchers clamp split to the row's tiles).
+# fp32, benchmarks/RESULTS.md; the launchers clamp split to the row's tiles). CUT_SHAPE
+# serves batches whose cutting rows all use top-p alone; others take the kernel's defaults.
 CUT_SHAPE = dict(split=8, block=512, num_warps=1)
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
 
@@ -113,8 +114,11 @@ class Sampler:
         if self.use_triton:
             from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 
+            # rows with top-k or min-p finish on one program per row in the split kernels: a
+            # batch holding any runs the one-program kernel (faster there on the H200)
+            shape = CUT_SHAPE if meta.top_p_only else {}
             return sample_with_cuts_triton(work, meta.inv_temp, meta.seeds, meta.positions, meta.top_k,
-                                           meta.top_p, meta.log_min_p, **CUT_SHAPE)
+                                           meta.top_p, meta.log_min_p, **shape)
         threshold = top_k_top_p_threshold_ref(work, meta.inv_temp, meta.top_k, meta.top_p, meta.log_min_p)
         return gumbel_sample_ref(work, meta.inv_temp, meta.seeds, meta.positions, threshold)
 

@@ -21,7 +21,8 @@ from core_runner.sample.metadata import PenaltyInputs, SamplingMetadata, host_to
 
 # temperatures below this are greedy (1 / T would overflow the logits' range)
 GREEDY_EPS = 1e-5
-STAGES = ("random", "cut", "edits", "repetition", "freq_pres", "logprobs", "prompt_logprobs")
+# "cut_k_min_p": rows that cut with top-k or min-p (the others that cut use top-p alone)
+STAGES = ("random", "cut", "cut_k_min_p", "edits", "repetition", "freq_pres", "logprobs", "prompt_logprobs")
 
 
 @dataclass(slots=True)
@@ -103,6 +104,7 @@ class SamplingState:
         uses = {
             "random": random,
             "cut": random and (h.top_k > 0 or h.top_p < 1.0 or h.min_p > 0.0),
+            "cut_k_min_p": random and (h.top_k > 0 or h.min_p > 0.0),
             "edits": h.edits is not None or h.edits_min_tokens is not None,
             "repetition": rep != 1.0,
             "freq_pres": freq != 0.0 or pres != 0.0,
@@ -146,6 +148,7 @@ class SamplingState:
         if meta.any_random and self.in_batch("cut", rows):
             meta.top_k, meta.top_p = self.top_k.gpu[idx], self.top_p.gpu[idx]
             meta.log_min_p = self.min_p.gpu[idx].log()
+            meta.top_p_only = not self.in_batch("cut_k_min_p", rows)
         seq_lens = batch.seq_lens_cpu[:n].tolist()
         edit_rows = self.in_batch("edits", rows)
         if edit_rows:
