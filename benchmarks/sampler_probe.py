@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import triton
 import triton.language as tl
 
+from core_runner.bench.sampler_bench import _time
 from core_runner.kernels.gumbel_sample import (
     _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
@@ -95,21 +95,9 @@ def probe(logits: torch.Tensor, mode: str, split: int = 1, block: int = 2048, nu
     return out
 
 
-def _time_ms(fn, reps: int = 10, rounds: int = 5) -> float:
-    """GPU milliseconds per call: CUDA events around ``reps`` back-to-back calls, median
-    of ``rounds``."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(reps):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return statistics.median(times)
+def _time_ms(fn) -> float:
+    """GPU milliseconds per call (the sampler bench's event timing: back-to-back calls)."""
+    return 1e3 * _time(fn, torch.device("cuda"), iters=10, warmup=1)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -147,6 +147,20 @@ def _could_reach(x, h, best_row):
 
 
 @triton.jit
+def _draw(x, h, idx, best, bidx, best_row, FAST_LOG: tl.constexpr):
+    """Lane-wise running argmax of x + noise(h) over columns idx (strict '>': a lane keeps
+    the first column of its maximum), skipped when no token's hash lets it reach best_row;
+    returns (best, bidx, best_row)."""
+    if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
+        v = x + _noise_of_hash(h, FAST_LOG)
+        take = v > best
+        best = tl.where(take, v, best)
+        bidx = tl.where(take, idx, bidx)
+        best_row = tl.max(best, axis=0)
+    return best, bidx, best_row
+
+
+@triton.jit
 def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG: tl.constexpr, C: tl.constexpr):
     """One tile of ``gumbel_pass`` with compaction: the tile's tokens that could reach
     best_row (x + G_MAX >= it) go to the scratch in column order and are drawn C at a
@@ -164,13 +178,7 @@ def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG:
         ok = offs < cnt
         cx = tl.load(scr_x + offs, mask=ok, other=-float("inf"), cache_modifier=".cg")
         ci = tl.load(scr_i + offs, mask=ok, other=0, cache_modifier=".cg")
-        h = token_hash(col_hash(ci), k1, k2)
-        if tl.max(_could_reach(cx, h, best_row).to(tl.int32), axis=0) > 0:
-            v = cx + _noise_of_hash(h, FAST_LOG)
-            take = v > best
-            best = tl.where(take, v, best)
-            bidx = tl.where(take, ci, bidx)
-            best_row = tl.max(best, axis=0)
+        best, bidx, best_row = _draw(cx, token_hash(col_hash(ci), k1, k2), ci, best, bidx, best_row, FAST_LOG)
     tl.debug_barrier()  # read before the next tile overwrites them
     return best, bidx, best_row
 
@@ -235,13 +243,7 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
             if C > 0:
                 best, bidx, best_row = _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG, C)
             else:
-                h = token_hash(hc, k1, k2)
-                if tl.max(_could_reach(x, h, best_row).to(tl.int32), axis=0) > 0:
-                    v = x + _noise_of_hash(h, FAST_LOG)
-                    take = v > best
-                    best = tl.where(take, v, best)
-                    bidx = tl.where(take, cols, bidx)
-                    best_row = tl.max(best, axis=0)
+                best, bidx, best_row = _draw(x, token_hash(hc, k1, k2), cols, best, bidx, best_row, FAST_LOG)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
     if ZSTATS:
         z = tl.where(zm > -float("inf"), z, 0.0)
