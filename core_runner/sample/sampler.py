@@ -5,9 +5,11 @@
   3. temperature                          (x = logit * 1/T, fused into 4 and 5)
   4. min-p, top-k, top-p                  (one threshold per row, ``kernels/top_k_top_p*``)
   5. Gumbel-Max                           (argmax(x + Gumbel noise) over x >= threshold)
-     (Triton: 4 + 5 are one kernel, ``kernels/cut_sample_triton.py``: it draws over the
+     (Triton: 4 + 5 are fused, ``kernels/cut_sample_triton.py``: it draws over the
      whole row first and, since the draw stands whenever it lies inside the cut, only
-     works out the threshold for the rows whose draw falls outside it)
+     works out the threshold for the rows whose draw falls outside it; batches whose
+     cuts are all top-p alone run it with each row over several programs,
+     ``kernels/cut_sample_split_triton.py``, see CUT_SHAPE)
   then raw logprobs of the sampled tokens (``logprobs.py``).
 
 argmax(logits / T + Gumbel noise) is an exact draw from softmax(logits / T); the
