@@ -159,11 +159,13 @@ def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
 
     m, t = top_p_meta, temp_meta
     out = {}
-    # (split, block, warps, compact lanes; 0: no compaction)
-    for split, block, warps, c in ((8, 512, 1, 0), (8, 512, 1, 32), (4, 512, 1, 32), (8, 1024, 2, 64)):
+    # (split, block, warps, compact lanes (0: no compaction), store per row (0: none))
+    for split, block, warps, c, st in ((8, 512, 1, 0, 0), (8, 512, 1, 32, 0), (8, 512, 1, 32, 8192),
+                                       (4, 512, 1, 32, 8192), (8, 1024, 2, 64, 8192)):
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
-                                              m.log_min_p, block=block, num_warps=warps, split=split, compact=c)
-        key = f"top_p_s{split}_b{block}_w{warps}_c{c}"
+                                              m.log_min_p, block=block, num_warps=warps, split=split, compact=c,
+                                              store=st)
+        key = f"top_p_s{split}_b{block}_w{warps}_c{c}_st{st}"
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
         print(f"  {key}: {out[key]:.3f} ms", flush=True)
     for split, block, warps, c in ((16, 256, 1, 0), (16, 256, 1, 32), (8, 512, 1, 32), (4, 512, 1, 32),

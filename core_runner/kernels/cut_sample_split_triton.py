@@ -16,6 +16,15 @@ four launches and no host read.
    taken with an atomic counter; the finish sorts them, so their order does not matter).
    Tiles under lo are not read: a far draw costs only the tiles above the floor, and a
    row's tiles are read by S programs at once.
+With ``compact`` and ``store`` (opt-in until measured on a GPU), read 1 also appends
+to a per-row store (an atomic slot counter) every token still within G_MAX of its part's
+best after each tile's draw. The best only grows, so the store holds every token >=
+(part best) - G_MAX >= (row best) - G_MAX, and the drawn token t has x_t = row best -
+g_t >= row best - G_MAX: every token above x_t is in the store. Step 2 then settles a
+top-p row from the store alone when it did not overflow: A = mass{x > x_t} < p Z keeps
+the draw (path 5), else the tokens above x_t (the nucleus is among them) become the
+candidates when at most CAP (path 6, step 4 redraws); other rows take read 2 as below.
+
 4. ``_finish_kernel`` (rows): A (the parts' sums, in part order) < p Z keeps the draw;
    else the candidates give the threshold and the redraw, or, past the capacity, the exact
    pivot search. Rows with top-k or min-p take the one-program path (``_cut_row``) here,
@@ -38,18 +47,52 @@ from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
 _DONE = tl.constexpr(0)
 _READ2 = tl.constexpr(1)  # top-p alone, draw below the max: read 2 and the finish
 _ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
+_STORED = tl.constexpr(3)  # top-p alone, draw out: its candidates came from read 1's store
+
+
+@triton.jit
+def _store_above(st_x, n_st, x_t, m, DB: tl.constexpr):
+    """mass{x > x_t} and count{x > x_t} over the n_st tokens of a row's store."""
+    a = tl.zeros([DB], tl.float32)
+    c = tl.zeros([DB], tl.int32)
+    for c0 in range(0, n_st, DB):
+        o = c0 + tl.arange(0, DB)
+        x = tl.load(st_x + o, mask=o < n_st, other=-float("inf"))
+        gt = x > x_t
+        a += tl.where(gt, tl.exp(x - m), 0.0)
+        c += gt.to(tl.int32)
+    return tl.sum(a, axis=0), tl.sum(c, axis=0)
+
+
+@triton.jit
+def _store_to_candidates(st_x, st_i, n_st, x_t, cx_ptr, ci_ptr, DB: tl.constexpr):
+    """The store's tokens above x_t into the candidate row (the caller checked they fit)."""
+    w = tl.zeros([], tl.int32)
+    for c0 in range(0, n_st, DB):
+        o = c0 + tl.arange(0, DB)
+        ok = o < n_st
+        x = tl.load(st_x + o, mask=ok, other=-float("inf"))
+        col = tl.load(st_i + o, mask=ok, other=0)
+        gt = x > x_t
+        at = w + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+        tl.store(cx_ptr + at, x, mask=gt)
+        tl.store(ci_ptr + at, col, mask=gt)
+        w += tl.sum(gt.to(tl.int32), axis=0)
 
 
 @triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, part_tok_ptr, part_f_ptr, part_nf_ptr,
-                  a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles, scr_x_ptr, scr_i_ptr,
-                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, C: tl.constexpr):
+                  a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles, scr_x_ptr, scr_i_ptr, st_x_ptr, st_i_ptr, st_n_ptr,
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, C: tl.constexpr,
+                  SCAP: tl.constexpr):
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if inv_t > 0:
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
         scr = (i * n_parts + s).to(tl.int64) * BLOCK  # the program's scratch (C > 0: compaction)
         t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
-                                              BLOCK, NTP, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr, C)
+                                              BLOCK, NTP, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr, C,
+                                              st_x_ptr + i.to(tl.int64) * SCAP, st_i_ptr + i.to(tl.int64) * SCAP,
+                                              st_n_ptr + i, SCAP)
         lanes = tl.arange(0, BLOCK)
         tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
         tiles = lo // BLOCK + tl.arange(0, NTP)
@@ -65,7 +108,9 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, part_tok_ptr,
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, n_parts,
-                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr):
+                   st_x_ptr, st_i_ptr, st_n_ptr, cand_x_ptr, cand_i_ptr, nc_ptr, part_a_ptr,
+                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, SCAP: tl.constexpr,
+                   CAP: tl.constexpr, DB: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
@@ -90,14 +135,34 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 path = 1
                 x_t = tl.load(row + t).to(tl.float32) * inv_t
                 if x_t < m:
-                    a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
-                    floor = lane_floor(a1, m, p * z, BLOCK)
+                    settled = 0  # 1: kept, 2: candidates gathered, both from the store (SCAP > 0)
+                    if SCAP > 0:
+                        st = i.to(tl.int64) * SCAP
+                        n_st = tl.load(st_n_ptr + i)
+                        if n_st <= SCAP:  # it holds every token above x_t
+                            a_gt, n_gt = _store_above(st_x_ptr + st, n_st, x_t, m, DB)
+                            if a_gt < p * z:
+                                settled = 1
+                            elif n_gt <= CAP:
+                                settled = 2
+                                _store_to_candidates(st_x_ptr + st, st_i_ptr + st, n_st, x_t,
+                                                     cand_x_ptr + i.to(tl.int64) * CAP,
+                                                     cand_i_ptr + i.to(tl.int64) * CAP, DB)
+                                tl.store(nc_ptr + i, n_gt)
+                                tl.store(part_a_ptr + i * n_parts + offs, tl.where(offs == 0, a_gt, 0.0), mask=ok)
                     lo = x_t
                     mode = 1  # the draw is tested: A = mass{x > x_t} against p Z
-                    if x_t < floor:
-                        lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
-                        mode = 2  # the draw is out; read 2 gathers the tokens >= F
-                    state = _READ2
+                    if settled == 1:
+                        path = 5  # kept, settled by the store (4 + 1)
+                    elif settled == 2:
+                        state = _STORED
+                    elif settled == 0:
+                        a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+                        floor = lane_floor(a1, m, p * z, BLOCK)
+                        if x_t < floor:
+                            lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
+                            mode = 2  # the draw is out; read 2 gathers the tokens >= F
+                        state = _READ2
                     tl.store(row_i_ptr + i * 4 + 3, mode)
                     tl.store(row_f_ptr + i * 4, m)
                     tl.store(row_f_ptr + i * 4 + 1, z)
@@ -159,7 +224,7 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
         n_fin = tl.load(row_i_ptr + i * 4 + 1)
         cx = cx_ptr + i.to(tl.int64) * CAP
         ci = ci_ptr + i.to(tl.int64) * CAP
-        if state == _READ2:
+        if (state == _READ2) | (state == _STORED):
             m = tl.load(row_f_ptr + i * 4)
             z = tl.load(row_f_ptr + i * 4 + 1)
             lo_v = tl.load(row_f_ptr + i * 4 + 2)
@@ -167,7 +232,7 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
             offs = tl.arange(0, P)
             a_gt = tl.sum(tl.load(part_a_ptr + i * n_parts + offs, mask=offs < n_parts, other=0.0), axis=0)
             if (tl.load(row_i_ptr + i * 4 + 3) == 2) | (a_gt >= p * z):  # mode 2: under the floor
-                path = 2
+                path = 2 + 4 * (state == _STORED).to(tl.int32)  # 6: from the store
                 n_c = tl.load(nc_ptr + i)
                 if n_c <= CAP:
                     t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
@@ -191,10 +256,15 @@ def sample_with_cuts_split(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int, compact: int = 0,
+    store: int = 0,
 ) -> torch.Tensor:
     """The four launches (module docstring) for contiguous [n, V] logits, n > 0;
     ``compact`` > 0: read 1 hashes only the tokens within G_MAX of the best
-    (``gumbel_pass``), through a [n * parts, block] scratch."""
+    (``gumbel_pass``), through a [n * parts, block] scratch; ``store`` > 0 (with
+    ``compact``) keeps them in a [n, store] store that settles most top-p rows without
+    read 2 (module docstring)."""
+    if store and not compact:
+        raise ValueError(f"store={store} needs compact > 0 (read 1 fills the store while compacting)")
     n, vocab = logits.shape
     dev = logits.device
     n_tiles = triton.cdiv(vocab, block)
@@ -213,7 +283,12 @@ def sample_with_cuts_split(
     tmax = torch.empty((n, n_tiles), dtype=torch.float32, device=dev)
     row_f = torch.empty((n, 4), dtype=torch.float32, device=dev)
     row_i = torch.empty((n, 4), dtype=torch.int32, device=dev)
-    n_c = torch.zeros(n, dtype=torch.int32, device=dev)
+    counts = torch.zeros((2, n), dtype=torch.int32, device=dev)  # candidates (read 2), store (read 1)
+    n_c, st_n = counts[0], counts[1]
+    st_x = st_i = inv  # (unused without a store)
+    if store:
+        st_x = torch.empty((n, store), dtype=torch.float32, device=dev)
+        st_i = torch.empty((n, store), dtype=torch.int32, device=dev)
     cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
     cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
     fast_log = use_fast_log(dev)
@@ -224,10 +299,11 @@ def sample_with_cuts_split(
         scr_x = torch.empty((n * n_parts, block), dtype=torch.float32, device=dev)
         scr_i = torch.empty((n * n_parts, block), dtype=torch.int32, device=dev)
     _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, part_tok, part_f, part_nf, a1, tmax, vocab, part,
-                                n_parts, n_tiles, scr_x, scr_i, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, C=compact,
-                                num_warps=num_warps)
+                                n_parts, n_tiles, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG=fast_log, BLOCK=block,
+                                NTP=ntp, C=compact, SCAP=store, num_warps=num_warps)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                         n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, num_warps=row_warps)
+                         n_parts, st_x, st_i, st_n, cand_x, cand_i, n_c, part_a, FAST_LOG=fast_log, BLOCK=block, P=pp,
+                         SCAP=store, CAP=cap, DB=512, num_warps=row_warps)
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)
     _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,

@@ -161,11 +161,17 @@ def _draw(x, h, idx, best, bidx, best_row, FAST_LOG: tl.constexpr):
 
 
 @triton.jit
-def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG: tl.constexpr, C: tl.constexpr):
+def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG: tl.constexpr,
+                  C: tl.constexpr, SCAP: tl.constexpr):
     """One tile of ``gumbel_pass`` with compaction: the tile's tokens that could reach
     best_row (x + G_MAX >= it) go to the scratch in column order and are drawn C at a
     time. Lane j of best / bidx sees increasing columns, so the strict '>' keeps the
-    first column of each lane's maximum, as in the uncompacted pass."""
+    first column of each lane's maximum, as in the uncompacted pass.
+
+    SCAP > 0: those still within G_MAX of the best after the draw are also appended to
+    the row's store (st_x / st_i, SCAP entries, in any order; st_n counts them, past SCAP
+    when it overflowed). As the best only grows, the store ends up holding every token
+    >= (the part's final best) - G_MAX, so every token above the drawn one."""
     sel = (x + _G_MAX >= best_row) & (x > -float("inf"))
     seli = sel.to(tl.int32)
     cnt = tl.sum(seli, axis=0)
@@ -180,13 +186,23 @@ def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG:
         ci = tl.load(scr_i + offs, mask=ok, other=0, cache_modifier=".cg")
         best, bidx, best_row = _draw(cx, token_hash(col_hash(ci), k1, k2), ci, best, bidx, best_row, FAST_LOG)
     tl.debug_barrier()  # read before the next tile overwrites them
+    if SCAP > 0:
+        keep = sel & (x + _G_MAX >= best_row)
+        keepi = keep.to(tl.int32)
+        n_keep = tl.sum(keepi, axis=0)
+        if n_keep > 0:
+            at = tl.atomic_add(st_n, n_keep) + tl.cumsum(keepi, axis=0) - 1
+            put = keep & (at < SCAP)
+            tl.store(st_x + at, x, mask=put)
+            tl.store(st_i + at, cols, mask=put)
     return best, bidx, best_row
 
 
 @triton.jit
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
                 TOP2: tl.constexpr, ZSTATS: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                NT: tl.constexpr, NS: tl.constexpr, lo, scr_x=None, scr_i=None, C: tl.constexpr = 0):
+                NT: tl.constexpr, NS: tl.constexpr, lo, scr_x=None, scr_i=None, C: tl.constexpr = 0,
+                st_x=None, st_i=None, st_n=None, SCAP: tl.constexpr = 0):
     """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read of
     the columns [lo, vocab) (lo a multiple of BLOCK).
 
@@ -198,7 +214,8 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
     C > 0 (compaction): the tokens of a tile within G_MAX of the best so far are written
     to the program's scratch (scr_x / scr_i: BLOCK floats and ints) and only they are
     hashed, C at a time, in C lanes; the others cost a compare and a prefix sum instead
-    of the hash (module docstring)."""
+    of the hash (module docstring). SCAP > 0 also keeps them in a store
+    (``_compact_step``)."""
     lanes = tl.arange(0, BLOCK)
     if C > 0:
         best = tl.full([C], -float("inf"), tl.float32)
@@ -241,7 +258,8 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
         # high enough get the two logs
         if xm + _G_MAX >= best_row:
             if C > 0:
-                best, bidx, best_row = _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, FAST_LOG, C)
+                best, bidx, best_row = _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, st_x, st_i,
+                                                     st_n, FAST_LOG, C, SCAP)
             else:
                 best, bidx, best_row = _draw(x, token_hash(hc, k1, k2), cols, best, bidx, best_row, FAST_LOG)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF

@@ -100,6 +100,8 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
                                                                          num_warps=1, compact=32)
     cases["cut_s8_b512_w1_compact32"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, split=8,
                                                                         block=512, num_warps=1, compact=32)
+    cases["cut_s8_b512_w1_compact32_store"] = lambda: sample_with_cuts_triton(
+        x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, compact=32, store=8192)
     for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
         cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
             x, inv, seeds, pos, split=s, block=b, num_warps=w)

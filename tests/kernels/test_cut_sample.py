@@ -20,10 +20,10 @@ def _reference(logits, inv, k, p, lmp, seeds, pos):
     return gumbel_sample_ref(logits, inv, seeds, pos, thr)
 
 
-def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, compact=0):
+def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, compact=0, store=0):
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=device)
     got = sample_with_cuts_triton(*(t.to(device) for t in (logits, inv, seeds, pos, k, p, lmp)), block=64, cap=cap,
-                                  search_block=32, paths=paths, split=split, compact=compact)
+                                  search_block=32, paths=paths, split=split, compact=compact, store=store)
     return got.cpu(), paths.cpu()
 
 
@@ -282,15 +282,17 @@ def test_top_p_on_peaked_rows_never_needs_the_pivot_search(device):
     assert set(paths.tolist()) <= {1, 2} and 2 in paths.tolist(), paths
 
 
-@pytest.mark.parametrize("split, cap, compact", [(3, 64, 0), (5, 4, 0), (3, 64, 16)])
-def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap, compact):
+@pytest.mark.parametrize("split, cap, compact, store", [(3, 64, 0, 0), (5, 4, 0, 0), (3, 64, 16, 0), (3, 64, 16, 2000),
+                                                        (3, 64, 16, 8)])
+def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap, compact, store):
     """split > 1 (four launches, each row over several programs): every kind of row of
     the mixed set (greedy, each cut alone and combined, ties, -inf tails; rows with top-k
     or min-p go through the one-program path in the last launch) and long top-p-only
     rows, including candidate overflow (cap 4: pivot search); also with read 1's
-    compaction (16 lanes)."""
+    compaction (16 lanes), with its store (rows settled without read 2: paths + 4) and
+    with a store too small for any row (read 2 as without it)."""
     args = _mixed_rows(2)
-    got, paths = _run(device, *args, cap=cap, split=split, compact=compact)
+    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store)
     assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
     assert {0, 1, 2} <= set(paths.tolist()), paths
     g = torch.Generator().manual_seed(8)
@@ -308,14 +310,22 @@ def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap
     lmp = torch.full((n,), NEG_INF)
     seeds, pos = torch.randint(0, 2**40, (n,), generator=g), torch.randint(0, 1000, (n,), generator=g)
     args = (logits, inv, k, p, lmp, seeds, pos)
-    got, paths = _run(device, *args, cap=cap, split=split, compact=compact)
+    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store)
     assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
-    assert {1, 2} <= set(paths.tolist()) and (cap == 64 or 3 in paths.tolist()), paths
+    kinds = set(paths.tolist())
+    if store == 2000:  # the store settles draws kept and redrawn (rows with more than cap tokens above the
+        assert {5, 6} <= kinds, paths  # draw, the flat ones, still take read 2)
+    else:
+        assert {1, 2} <= kinds and (cap == 64 or 3 in kinds) and max(kinds) < 4, paths
 
 
-def test_compaction_without_split_is_rejected():
+def test_compaction_without_split_and_a_store_without_compaction_are_rejected():
     x = torch.zeros(2, 10)
-    with pytest.raises(ValueError, match="compact=8 needs split > 1"):
+    with pytest.raises(ValueError, match="compact=8 / store=0 need split > 1"):
         sample_with_cuts_triton(x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
                                 torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9),
                                 torch.full((2,), NEG_INF), compact=8)
+    with pytest.raises(ValueError, match="store=64 needs compact > 0"):
+        sample_with_cuts_triton(x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
+                                torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9),
+                                torch.full((2,), NEG_INF), split=2, store=64)
