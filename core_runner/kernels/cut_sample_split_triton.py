@@ -16,6 +16,12 @@ four launches and no host read.
    taken with an atomic counter; the finish sorts them, so their order does not matter).
    Tiles under lo are not read: a far draw costs only the tiles above the floor, and a
    row's tiles are read by S programs at once.
+4. ``_finish_kernel`` (rows): A (the parts' sums, in part order) < p Z keeps the draw;
+   else the candidates give the threshold and the redraw, or, past the capacity, the exact
+   pivot search. Rows with top-k or min-p take the one-program path (``_cut_row``) here,
+   with the merged lane maxima (their second maxima are not kept, which only loosens the
+   top-k lower bound L; the result is the same).
+
 With ``compact`` and ``store`` (opt-in until measured on a GPU), read 1 also appends
 to a per-row store (an atomic slot counter) every token still within G_MAX of its part's
 best after each tile's draw. The best only grows, so the store holds every token >=
@@ -23,13 +29,7 @@ best after each tile's draw. The best only grows, so the store holds every token
 g_t >= row best - G_MAX: every token above x_t is in the store. Step 2 then settles a
 top-p row from the store alone when it did not overflow: A = mass{x > x_t} < p Z keeps
 the draw (path 5), else the tokens above x_t (the nucleus is among them) become the
-candidates when at most CAP (path 6, step 4 redraws); other rows take read 2 as below.
-
-4. ``_finish_kernel`` (rows): A (the parts' sums, in part order) < p Z keeps the draw;
-   else the candidates give the threshold and the redraw, or, past the capacity, the exact
-   pivot search. Rows with top-k or min-p take the one-program path (``_cut_row``) here,
-   with the merged lane maxima (their second maxima are not kept, which only loosens the
-   top-k lower bound L; the result is the same).
+candidates when at most CAP (path 6, step 4 redraws); other rows take read 2 as above.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
 from core_runner.kernels.gumbel_sample import (
-    argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
+    argmax_pass, combine_part_tokens, compact_scratch, gumbel_pass, row_keys, row_part, use_fast_log,
 )
 from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
 
@@ -294,10 +294,7 @@ def sample_with_cuts_split(
     fast_log = use_fast_log(dev)
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
-    scr_x = scr_i = inv  # (unused without compaction)
-    if compact:
-        scr_x = torch.empty((n * n_parts, block), dtype=torch.float32, device=dev)
-        scr_i = torch.empty((n * n_parts, block), dtype=torch.int32, device=dev)
+    scr_x, scr_i = compact_scratch(n * n_parts, block, compact, inv)
     _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, part_tok, part_f, part_nf, a1, tmax, vocab, part,
                                 n_parts, n_tiles, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG=fast_log, BLOCK=block,
                                 NTP=ntp, C=compact, SCAP=store, num_warps=num_warps)

@@ -349,6 +349,15 @@ def _combine_parts_kernel(logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_p
     tl.store(out_ptr + i, tok)
 
 
+def compact_scratch(programs: int, block: int, compact: int, unused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compaction scratch of ``gumbel_pass`` ([programs, block] floats and ints), or
+    ``unused`` twice when ``compact`` is 0 (the kernel never touches it then)."""
+    if not compact:
+        return unused, unused
+    return (torch.empty((programs, block), dtype=torch.float32, device=unused.device),
+            torch.empty((programs, block), dtype=torch.int32, device=unused.device))
+
+
 def gumbel_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     threshold: torch.Tensor | None = None, out: torch.Tensor | None = None, block: int = 2048,
@@ -376,10 +385,7 @@ def gumbel_sample_triton(
         split = triton.cdiv(vocab, part)
         dst = out if split == 1 else torch.empty((n, split), dtype=torch.int64, device=logits.device)
         flags = dict(HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device))
-        scr_x = scr_i = inv  # (unused without compaction)
-        if compact:
-            scr_x = torch.empty((n * split, block), dtype=torch.float32, device=logits.device)
-            scr_i = torch.empty((n * split, block), dtype=torch.int32, device=logits.device)
+        scr_x, scr_i = compact_scratch(n * split, block, compact, inv)
         _gumbel_argmax_kernel[(n, split)](
             logits, logits.stride(0), inv, thr, seeds, positions, dst, vocab, part, scr_x, scr_i,
             **flags, BLOCK=block, NS=num_stages, C=compact, num_warps=num_warps,
