@@ -8,7 +8,8 @@ or SPLIT programs per row (a contiguous part each), at a few tile widths and war
   full   ``gumbel_pass`` itself (temperature only: no statistics)
   fullz  ``gumbel_pass`` with the lane maxima, Z and tile maxima (top-p's read 1)
   fullc, fullzc  the same two with compaction (only tokens within G_MAX of the best are
-         hashed, 32 x warps lanes at a time)
+         hashed, 32 x warps lanes at a time; session 5: slower, not run by default)
+  stats  ``gumbel_pass`` with the statistics of fullz and no draw (nucleus first's read 1)
 
 Times are GPU times (CUDA events around back-to-back launches), next to torch's copy
 (half of it is "one read"), amax and sum over the rows on the same tensor.
@@ -30,7 +31,7 @@ from core_runner.kernels.gumbel_sample import (
     _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
 
-MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "fullc": 5, "fullzc": 6}
+MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "fullc": 5, "fullzc": 6, "stats": 7}
 
 
 @triton.jit
@@ -49,10 +50,10 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
                                                   FAST_LOG, BLOCK, NT, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr,
                                                   C if MODE == 5 else 0)
         res = tok.to(tl.float32)
-    elif (MODE == 4) | (MODE == 6):
+    elif (MODE == 4) | (MODE == 6) | (MODE == 7):
         tok, a1, _a2, nf, z, tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True,
                                               FAST_LOG, BLOCK, NT, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr,
-                                              C if MODE == 6 else 0)
+                                              C if MODE == 6 else 0, draw=MODE != 7)
         res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
     else:
         lanes = tl.arange(0, BLOCK)
@@ -113,9 +114,8 @@ def main(argv: list[str] | None = None) -> dict:
         res[name] = _time_ms(fn)
         print(f"  {name}: {res[name]:.3f} ms ({res[name] / read_ms:.2f} reads)", flush=True)
     # (split, block, warps); BLOCK / (32 warps) values per thread and array: 8-16 keeps registers
-    shapes = [(1, 2048, 8), (1, 512, 1), (4, 512, 1), (8, 512, 1), (8, 256, 1), (16, 256, 1), (32, 256, 1),
-              (16, 128, 1), (32, 128, 1), (4, 1024, 2)]
-    for mode in ("full", "fullc", "fullz", "fullzc"):  # (read, hash, bound: smoke test and RESULTS.md)
+    shapes = [(1, 2048, 8), (8, 512, 1), (16, 512, 1), (16, 256, 1), (4, 1024, 2), (8, 1024, 4), (4, 2048, 4)]
+    for mode in ("read", "stats", "fullz"):  # (the others: smoke test and RESULTS.md)
         for split, block, warps in shapes:
             ms = _time_ms(lambda: probe(logits, mode, split, block, warps))
             key = f"{mode}_s{split}_b{block}_w{warps}"

@@ -23,6 +23,10 @@ import torch
 from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import Sampler
 
+# the path codes of ``sample_with_cuts_triton``
+PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 5: "kept (store)", 6: "redrawn (store)",
+              7: "nucleus first"}
+
 
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -76,7 +80,7 @@ def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | N
 
 def run_sampler_bench(
     device: str = "cuda", batch: int = 1024, vocab: int = 151936, temperature: float = 0.7, top_p: float = 0.9,
-    iters: int = 20, warmup: int = 3, seed: int = 0, sweep: bool = False,
+    iters: int = 20, warmup: int = 3, seed: int = 0, sweep: bool = False, one_program_cuts: bool = True,
 ) -> dict:
     dev = torch.device(device)
     g = torch.Generator(device=dev).manual_seed(seed)
@@ -98,6 +102,8 @@ def run_sampler_bench(
 
     top_p_meta, temp_meta = meta(top_p), meta(1.0)
     other = {"top_k50_top_p0.9": meta(0.9, k=50), "top_p0.5": meta(0.5), "min_p0.1": meta(1.0, min_p=0.1)}
+    if not one_program_cuts:  # (top-k and min-p batches take the one-program kernel: a long compile)
+        other = {"top_p0.5": other["top_p0.5"]}
     dst = torch.empty_like(logits)
     fns = {
         "top_p": lambda: sampler(logits, top_p_meta).sampled,
@@ -125,7 +131,8 @@ def run_sampler_bench(
         "ratio_to_read": secs["top_p"] / read_s,
         "speedup_vs_torch": secs["torch_softmax_multinomial"] / secs["top_p"],
         **{f"sampler_{name}_ms": 1e3 * secs[name] for name in other},
-        "top_p_rows_kept_redrawn_searched": _top_p_paths(logits, top_p_meta) if sampler.use_triton else None,
+        "top_p_rows_by_path": _top_p_paths(logits, top_p_meta) if sampler.use_triton else None,
+        "top_p_rows_off_reference": _off_reference(sampler, logits, top_p_meta) if sampler.use_triton else None,
         "timing": "cuda events, back-to-back calls" if dev.type == "cuda" else "wall, sync per call",
         "wall_sync_each_ms": wall,
     }
@@ -137,8 +144,20 @@ def run_sampler_bench(
     return res
 
 
-def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
-    """How the fused cut kernel settled the rows of the top-p case."""
+def _off_reference(sampler: Sampler, logits: torch.Tensor, m: SamplingMetadata) -> int:
+    """Rows whose top-p token differs from the torch reference's (sorted threshold, then
+    the same Gumbel noise) on the bench's own logits: 0 expected."""
+    from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
+    from core_runner.sample.sampler import gumbel_sample_ref
+
+    thr = top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p)
+    want = gumbel_sample_ref(logits, m.inv_temp, m.seeds, m.positions, thr)
+    return int((sampler(logits, m).sampled != want).sum())
+
+
+def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> dict[str, int]:
+    """How the fused cut kernel settled the rows of the top-p case: rows per path
+    (``sample_with_cuts_triton``'s codes, named)."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 
     from core_runner.sample.sampler import CUT_SHAPE
@@ -146,8 +165,8 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> list[int]:
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
     sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, paths=paths,
                             **CUT_SHAPE)
-    counts = torch.bincount(paths.long(), minlength=4).tolist()
-    return counts[1:4]
+    counts = torch.bincount(paths.long(), minlength=len(PATH_NAMES)).tolist()
+    return {PATH_NAMES.get(code, str(code)): c for code, c in enumerate(counts) if c}
 
 
 def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
@@ -159,17 +178,15 @@ def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
 
     m, t = top_p_meta, temp_meta
     out = {}
-    # (split, block, warps, compact lanes (0: no compaction), store per row (0: none))
-    for split, block, warps, c, st in ((8, 512, 1, 0, 0), (8, 512, 1, 32, 0), (8, 512, 1, 32, 8192),
-                                       (4, 512, 1, 32, 8192), (8, 1024, 2, 64, 8192)):
+    # (split, block, warps, compact lanes (0: no compaction), store per row (0: none), nucleus first, capacity)
+    for split, block, warps, c, st, nf, cap in ((8, 512, 1, 0, 0, True, 4096), (16, 1024, 4, 0, 0, True, 4096)):
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
                                               m.log_min_p, block=block, num_warps=warps, split=split, compact=c,
-                                              store=st)
-        key = f"top_p_s{split}_b{block}_w{warps}_c{c}_st{st}"
+                                              store=st, nucleus_first=nf, cap=cap)
+        key = f"top_p_s{split}_b{block}_w{warps}_c{c}_st{st}{'_nf' if nf else ''}_cap{cap}"
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
         print(f"  {key}: {out[key]:.3f} ms", flush=True)
-    for split, block, warps, c in ((16, 256, 1, 0), (16, 256, 1, 32), (8, 512, 1, 32), (4, 512, 1, 32),
-                                   (8, 1024, 2, 64), (1, 2048, 8, 256)):
+    for split, block, warps, c in ((16, 256, 1, 0),):
         plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
                                              num_warps=warps, split=split, compact=c)
         key = f"temp_s{split}_b{block}_w{warps}_c{c}"
@@ -188,11 +205,13 @@ def format_sampler_result(r: dict) -> str:
         f"{r['speedup_vs_torch']:.2f}x faster",
     ]
     if "sampler_top_p0.5_ms" in r:
-        line = (f"  other cuts: top-k 50 + top-p 0.9 {r['sampler_top_k50_top_p0.9_ms']:.3f} ms, top-p 0.5 "
-                f"{r['sampler_top_p0.5_ms']:.3f} ms, min-p 0.1 {r['sampler_min_p0.1_ms']:.3f} ms")
-        if r.get("top_p_rows_kept_redrawn_searched") is not None:
-            kept, redrawn, searched = r["top_p_rows_kept_redrawn_searched"]
-            line += f"; top-p rows: {kept} draws kept, {redrawn} redrawn, {searched} searched"
+        names = {"top_k50_top_p0.9": "top-k 50 + top-p 0.9", "top_p0.5": "top-p 0.5", "min_p0.1": "min-p 0.1"}
+        line = "  other cuts: " + ", ".join(f"{label} {r[f'sampler_{key}_ms']:.3f} ms" for key, label in names.items()
+                                            if f"sampler_{key}_ms" in r)
+        if r.get("top_p_rows_off_reference") is not None:
+            line += f"; top-p rows off the torch reference: {r['top_p_rows_off_reference']}"
+        if r.get("top_p_rows_by_path"):
+            line += "; top-p rows by path: " + ", ".join(f"{k} {v}" for k, v in r["top_p_rows_by_path"].items())
         lines.append(line)
     if r.get("tile_sweep_ms"):
         lines.append("  launch shapes (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["tile_sweep_ms"].items()))
@@ -205,8 +224,10 @@ def format_sampler_result(r: dict) -> str:
 def sampler_bench(args) -> dict:
     """CLI entry: the target shape on CUDA, a small smoke shape elsewhere."""
     if str(args.device).startswith("cuda"):
-        # CORE_RUNNER_SAMPLER_SWEEP=1: also time other launch shapes (each compiles anew: minutes)
-        res = run_sampler_bench(args.device, sweep=os.environ.get("CORE_RUNNER_SAMPLER_SWEEP") == "1")
+        # CORE_RUNNER_SAMPLER_SWEEP=1: also time other launch shapes (each compiles anew: minutes);
+        # CORE_RUNNER_SAMPLER_TOP_P=1: top-p batches only (no one-program kernel to compile)
+        res = run_sampler_bench(args.device, sweep=os.environ.get("CORE_RUNNER_SAMPLER_SWEEP") == "1",
+                                one_program_cuts=os.environ.get("CORE_RUNNER_SAMPLER_TOP_P") != "1")
     else:
         res = run_sampler_bench(args.device, batch=8, vocab=2048, iters=2, warmup=1)
     print(format_sampler_result(res), flush=True)

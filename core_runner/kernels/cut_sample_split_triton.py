@@ -22,6 +22,17 @@ four launches and no host read.
    with the merged lane maxima (their second maxima are not kept, which only loosens the
    top-k lower bound L; the result is the same).
 
+Nucleus first (``nucleus_first``): the draw of read 1 hashes every token the noise
+bound cannot rule out, which makes that pass compute-bound (1.5 reads where a bare read
+costs 1.0). A row with top-p alone (top-k <= 0, no min-p) needs the draw only inside its
+nucleus S = {x >= v_p}: the answer is argmax over S of x + g whatever the draw was. So
+its read 1 keeps the statistics alone (lane maxima, tile maxima, Z, finite count; no
+hash), step 2 reads the floor F <= v_p off the lane maxima and sends every such row to
+read 2 for the tokens >= F, and step 4 computes v_p from those candidates and draws
+among the ones >= v_p (path 7; more than CAP candidates: the pivot search, path 3).
+Read 2 touches only the tiles whose max is >= F: on peaked rows a handful. Other rows of
+the batch draw in read 1 as before.
+
 With ``compact`` and ``store`` (opt-in until measured on a GPU), read 1 also appends
 to a per-row store (an atomic slot counter) every token still within G_MAX of its part's
 best after each tile's draw. The best only grows, so the store holds every token >=
@@ -48,6 +59,13 @@ _DONE = tl.constexpr(0)
 _READ2 = tl.constexpr(1)  # top-p alone, draw below the max: read 2 and the finish
 _ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
 _STORED = tl.constexpr(3)  # top-p alone, draw out: its candidates came from read 1's store
+
+
+@triton.jit
+def _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i):
+    """Row i cuts with top-p alone (top-k off whatever the finite count, no min-p):
+    with ``nucleus_first`` its read 1 keeps the statistics only."""
+    return (tl.load(top_p_ptr + i) < 1.0) & (tl.load(top_k_ptr + i) <= 0) & (tl.load(lmp_ptr + i) == -float("inf"))
 
 
 @triton.jit
@@ -81,18 +99,21 @@ def _store_to_candidates(st_x, st_i, n_st, x_t, cx_ptr, ci_ptr, DB: tl.constexpr
 
 
 @triton.jit
-def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, part_tok_ptr, part_f_ptr, part_nf_ptr,
-                  a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles, scr_x_ptr, scr_i_ptr, st_x_ptr, st_i_ptr, st_n_ptr,
-                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, C: tl.constexpr,
-                  SCAP: tl.constexpr):
+def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
+                  part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles, scr_x_ptr, scr_i_ptr,
+                  st_x_ptr, st_i_ptr, st_n_ptr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr,
+                  C: tl.constexpr, SCAP: tl.constexpr, NF: tl.constexpr):
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if inv_t > 0:
+        draw = True
+        if NF:  # nucleus first: a top-p-alone row draws only among the tokens >= F, after read 2
+            draw = ~_nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
         scr = (i * n_parts + s).to(tl.int64) * BLOCK  # the program's scratch (C > 0: compaction)
         t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
                                               BLOCK, NTP, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr, C,
                                               st_x_ptr + i.to(tl.int64) * SCAP, st_i_ptr + i.to(tl.int64) * SCAP,
-                                              st_n_ptr + i, SCAP)
+                                              st_n_ptr + i, SCAP, draw)
         lanes = tl.arange(0, BLOCK)
         tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
         tiles = lo // BLOCK + tl.arange(0, NTP)
@@ -110,7 +131,7 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, n_parts,
                    st_x_ptr, st_i_ptr, st_n_ptr, cand_x_ptr, cand_i_ptr, nc_ptr, part_a_ptr,
                    FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, SCAP: tl.constexpr,
-                   CAP: tl.constexpr, DB: tl.constexpr):
+                   CAP: tl.constexpr, DB: tl.constexpr, NF: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
@@ -133,41 +154,61 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
         if (n_fin > 0) & (topk_on | (p < 1.0) | (lmp > -float("inf"))):
             if (not topk_on) & (lmp == -float("inf")):  # top-p alone
                 path = 1
-                x_t = tl.load(row + t).to(tl.float32) * inv_t
-                if x_t < m:
-                    settled = 0  # 1: kept, 2: candidates gathered, both from the store (SCAP > 0)
-                    if SCAP > 0:
-                        st = i.to(tl.int64) * SCAP
-                        n_st = tl.load(st_n_ptr + i)
-                        if n_st <= SCAP:  # it holds every token above x_t
-                            a_gt, n_gt = _store_above(st_x_ptr + st, n_st, x_t, m, DB)
-                            if a_gt < p * z:
-                                settled = 1
-                            elif n_gt <= CAP:
-                                settled = 2
-                                _store_to_candidates(st_x_ptr + st, st_i_ptr + st, n_st, x_t,
-                                                     cand_x_ptr + i.to(tl.int64) * CAP,
-                                                     cand_i_ptr + i.to(tl.int64) * CAP, DB)
-                                tl.store(nc_ptr + i, n_gt)
-                                tl.store(part_a_ptr + i * n_parts + offs, tl.where(offs == 0, a_gt, 0.0), mask=ok)
-                    lo = x_t
-                    mode = 1  # the draw is tested: A = mass{x > x_t} against p Z
-                    if settled == 1:
-                        path = 5  # kept, settled by the store (4 + 1)
-                    elif settled == 2:
-                        state = _STORED
-                    elif settled == 0:
-                        a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
-                        floor = lane_floor(a1, m, p * z, BLOCK)
-                        if x_t < floor:
-                            lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
-                            mode = 2  # the draw is out; read 2 gathers the tokens >= F
-                        state = _READ2
-                    tl.store(row_i_ptr + i * 4 + 3, mode)
+                first = tl.zeros([], tl.int1)
+                if NF:
+                    first = k <= 0  # read 1 did not draw (``_nucleus_first_row``)
+                if first:
+                    path = 7
+                    a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+                    floor = lane_floor(a1, m, p * z, BLOCK)
+                    has_floor = floor > -float("inf")
+                    # mode 2: the tokens >= F (x > the float just under F). No floor (the lanes' mass is
+                    # under p Z, rare): mode 1 on the tokens above the smallest lane max, whose mass the
+                    # finish tests against p Z (short of it, or too many: the pivot search)
+                    lo = tl.where(has_floor, _value(_key(floor) - 1),
+                                  tl.min(tl.where(a1 > -float("inf"), a1, float("inf")), axis=0))
+                    state = _READ2
+                    tl.store(row_i_ptr + i * 4 + 3, tl.where(has_floor, 2, 1))
                     tl.store(row_f_ptr + i * 4, m)
                     tl.store(row_f_ptr + i * 4 + 1, z)
                     tl.store(row_f_ptr + i * 4 + 2, lo)
-                    tl.store(row_f_ptr + i * 4 + 3, x_t)
+                    tl.store(row_f_ptr + i * 4 + 3, -float("inf"))
+                else:
+                    x_t = tl.load(row + t).to(tl.float32) * inv_t
+                    if x_t < m:
+                        settled = 0  # 1: kept, 2: candidates gathered, both from the store (SCAP > 0)
+                        if SCAP > 0:
+                            st = i.to(tl.int64) * SCAP
+                            n_st = tl.load(st_n_ptr + i)
+                            if n_st <= SCAP:  # it holds every token above x_t
+                                a_gt, n_gt = _store_above(st_x_ptr + st, n_st, x_t, m, DB)
+                                if a_gt < p * z:
+                                    settled = 1
+                                elif n_gt <= CAP:
+                                    settled = 2
+                                    _store_to_candidates(st_x_ptr + st, st_i_ptr + st, n_st, x_t,
+                                                         cand_x_ptr + i.to(tl.int64) * CAP,
+                                                         cand_i_ptr + i.to(tl.int64) * CAP, DB)
+                                    tl.store(nc_ptr + i, n_gt)
+                                    tl.store(part_a_ptr + i * n_parts + offs, tl.where(offs == 0, a_gt, 0.0), mask=ok)
+                        lo = x_t
+                        mode = 1  # the draw is tested: A = mass{x > x_t} against p Z
+                        if settled == 1:
+                            path = 5  # kept, settled by the store (4 + 1)
+                        elif settled == 2:
+                            state = _STORED
+                        elif settled == 0:
+                            a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+                            floor = lane_floor(a1, m, p * z, BLOCK)
+                            if x_t < floor:
+                                lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
+                                mode = 2  # the draw is out; read 2 gathers the tokens >= F
+                            state = _READ2
+                        tl.store(row_i_ptr + i * 4 + 3, mode)
+                        tl.store(row_f_ptr + i * 4, m)
+                        tl.store(row_f_ptr + i * 4 + 1, z)
+                        tl.store(row_f_ptr + i * 4 + 2, lo)
+                        tl.store(row_f_ptr + i * 4 + 3, x_t)
             else:
                 state = _ONE_PROGRAM
         tl.store(row_i_ptr + i * 4 + 1, n_fin)
@@ -209,7 +250,8 @@ def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, 
 def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                    row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab,
                    n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
-                   SBLOCK: tl.constexpr, NP: tl.constexpr):
+                   SBLOCK: tl.constexpr, NP: tl.constexpr, SCAND: tl.constexpr,
+                   SCAND2: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     state = tl.load(row_i_ptr + i * 4)
@@ -231,16 +273,23 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
             x_t = tl.load(row_f_ptr + i * 4 + 3)
             offs = tl.arange(0, P)
             a_gt = tl.sum(tl.load(part_a_ptr + i * n_parts + offs, mask=offs < n_parts, other=0.0), axis=0)
-            if (tl.load(row_i_ptr + i * 4 + 3) == 2) | (a_gt >= p * z):  # mode 2: under the floor
-                path = 2 + 4 * (state == _STORED).to(tl.int32)  # 6: from the store
+            covered = (tl.load(row_i_ptr + i * 4 + 3) == 2) | (a_gt >= p * z)  # the candidates hold S
+            if covered | (path == 7):  # (7, nucleus first: no draw to keep)
+                if path != 7:
+                    path = 2 + 4 * (state == _STORED).to(tl.int32)  # 6: from the store
                 n_c = tl.load(nc_ptr + i)
-                if n_c <= CAP:
+                if covered & (n_c <= SCAND):  # the usual few candidates: narrow sorts
+                    t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND)
+                elif covered & (n_c <= SCAND2):
+                    t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
+                elif covered & (n_c <= CAP):
                     t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
                 else:
                     path = 3
                     mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
-                    # v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2)
-                    thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, lo_v, cx, SBLOCK, NP, CAP)
+                    # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
+                    hint = tl.where(covered, lo_v, -float("inf"))
+                    thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, hint, cx, SBLOCK, NP, CAP)
                     t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
                                                             FAST_LOG, BLOCK, 1, 1, 0)
         else:
@@ -256,13 +305,13 @@ def sample_with_cuts_split(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int, compact: int = 0,
-    store: int = 0,
+    store: int = 0, nucleus_first: bool = False,
 ) -> torch.Tensor:
     """The four launches (module docstring) for contiguous [n, V] logits, n > 0;
     ``compact`` > 0: read 1 hashes only the tokens within G_MAX of the best
     (``gumbel_pass``), through a [n * parts, block] scratch; ``store`` > 0 (with
     ``compact``) keeps them in a [n, store] store that settles most top-p rows without
-    read 2 (module docstring)."""
+    read 2; ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring)."""
     if store and not compact:
         raise ValueError(f"store={store} needs compact > 0 (read 1 fills the store while compacting)")
     n, vocab = logits.shape
@@ -295,15 +344,15 @@ def sample_with_cuts_split(
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
     scr_x, scr_i = compact_scratch(n * n_parts, block, compact, inv)
-    _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, part_tok, part_f, part_nf, a1, tmax, vocab, part,
-                                n_parts, n_tiles, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG=fast_log, BLOCK=block,
-                                NTP=ntp, C=compact, SCAP=store, num_warps=num_warps)
+    _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, vocab,
+                                part, n_parts, n_tiles, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG=fast_log,
+                                BLOCK=block, NTP=ntp, C=compact, SCAP=store, NF=nucleus_first, num_warps=num_warps)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
                          n_parts, st_x, st_i, st_n, cand_x, cand_i, n_c, part_a, FAST_LOG=fast_log, BLOCK=block, P=pp,
-                         SCAP=store, CAP=cap, DB=512, num_warps=row_warps)
+                         SCAP=store, CAP=cap, DB=512, NF=nucleus_first, num_warps=row_warps)
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)
     _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
                          paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
-                         NP=num_pivots, num_warps=row_warps)
+                         NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), num_warps=row_warps)
     return out

@@ -202,9 +202,12 @@ def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, st_x, st_
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
                 TOP2: tl.constexpr, ZSTATS: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
                 NT: tl.constexpr, NS: tl.constexpr, lo, scr_x=None, scr_i=None, C: tl.constexpr = 0,
-                st_x=None, st_i=None, st_n=None, SCAP: tl.constexpr = 0):
+                st_x=None, st_i=None, st_n=None, SCAP: tl.constexpr = 0, draw=True):
     """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read of
     the columns [lo, vocab) (lo a multiple of BLOCK).
+
+    ``draw`` (a runtime flag) false: the statistics alone, no token hashed (the returned
+    token is then lo, meaningless).
 
     Returns (token, lane max of x, lane second max of x (TOP2), number of finite x, row
     mass Z = sum exp(x - max x) (ZSTATS), tile maxima of x (ZSTATS: [NT], -inf past the
@@ -256,12 +259,13 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
         # noise never exceeds G_MAX (u <= U_MAX): a tile whose max is that far below the
         # best noisy value cannot win; else only tokens whose hash bounds their noise
         # high enough get the two logs
-        if xm + _G_MAX >= best_row:
-            if C > 0:
-                best, bidx, best_row = _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, st_x, st_i,
-                                                     st_n, FAST_LOG, C, SCAP)
-            else:
-                best, bidx, best_row = _draw(x, token_hash(hc, k1, k2), cols, best, bidx, best_row, FAST_LOG)
+        if draw:
+            if xm + _G_MAX >= best_row:
+                if C > 0:
+                    best, bidx, best_row = _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, st_x,
+                                                         st_i, st_n, FAST_LOG, C, SCAP)
+                else:
+                    best, bidx, best_row = _draw(x, token_hash(hc, k1, k2), cols, best, bidx, best_row, FAST_LOG)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
     if ZSTATS:
         z = tl.where(zm > -float("inf"), z, 0.0)

@@ -83,6 +83,7 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
     one-program kernels and the split ones at the Sampler's shapes and a few others."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
     from core_runner.kernels.gumbel_sample import gumbel_sample_triton
+    from core_runner.sample.sampler import CUT_SHAPE
 
     x = torch.randn(n, vocab)
     inv = torch.full((n,), 1.3)
@@ -102,6 +103,9 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
                                                                         block=512, num_warps=1, compact=32)
     cases["cut_s8_b512_w1_compact32_store"] = lambda: sample_with_cuts_triton(
         x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, compact=32, store=8192)
+    cases["cut_sampler_shape"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **CUT_SHAPE)
+    cases["cut_s8_b512_w1_nucleus_first"] = lambda: sample_with_cuts_triton(
+        x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, nucleus_first=True)
     for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
         cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
             x, inv, seeds, pos, split=s, block=b, num_warps=w)

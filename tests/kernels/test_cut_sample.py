@@ -20,10 +20,11 @@ def _reference(logits, inv, k, p, lmp, seeds, pos):
     return gumbel_sample_ref(logits, inv, seeds, pos, thr)
 
 
-def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, compact=0, store=0):
+def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, compact=0, store=0, nucleus_first=False):
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=device)
     got = sample_with_cuts_triton(*(t.to(device) for t in (logits, inv, seeds, pos, k, p, lmp)), block=64, cap=cap,
-                                  search_block=32, paths=paths, split=split, compact=compact, store=store)
+                                  search_block=32, paths=paths, split=split, compact=compact, store=store,
+                                  nucleus_first=nucleus_first)
     return got.cpu(), paths.cpu()
 
 
@@ -282,19 +283,22 @@ def test_top_p_on_peaked_rows_never_needs_the_pivot_search(device):
     assert set(paths.tolist()) <= {1, 2} and 2 in paths.tolist(), paths
 
 
-@pytest.mark.parametrize("split, cap, compact, store", [(3, 64, 0, 0), (5, 4, 0, 0), (3, 64, 16, 0), (3, 64, 16, 2000),
-                                                        (3, 64, 16, 8)])
-def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap, compact, store):
+@pytest.mark.parametrize("split, cap, compact, store, first", [
+    (3, 64, 0, 0, False), (5, 4, 0, 0, False), (3, 64, 16, 0, False), (3, 64, 16, 2000, False), (3, 64, 16, 8, False),
+    (3, 64, 0, 0, True), (5, 4, 0, 0, True)])
+def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap, compact, store, first):
     """split > 1 (four launches, each row over several programs): every kind of row of
     the mixed set (greedy, each cut alone and combined, ties, -inf tails; rows with top-k
     or min-p go through the one-program path in the last launch) and long top-p-only
     rows, including candidate overflow (cap 4: pivot search); also with read 1's
     compaction (16 lanes), with its store (rows settled without read 2: paths + 4) and
-    with a store too small for any row (read 2 as without it)."""
+    with a store too small for any row (read 2 as without it); and nucleus first (top-p-alone
+    rows drawn among their candidates >= F only: path 7, or 3 past the capacity)."""
     args = _mixed_rows(2)
-    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store)
+    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store, nucleus_first=first)
     assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
-    assert {0, 1, 2} <= set(paths.tolist()), paths
+    assert ({0, 1, 7} if first else {0, 1, 2}) <= set(paths.tolist()), paths
+    assert (7 in paths.tolist()) == first, paths
     g = torch.Generator().manual_seed(8)
     n, vocab = 12, 2000
     logits = torch.randn(n, vocab, generator=g) * torch.tensor([0.3, 1.0, 3.0, 6.0, 12.0, 25.0]).repeat(2)[:, None]
@@ -310,18 +314,43 @@ def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap
     lmp = torch.full((n,), NEG_INF)
     seeds, pos = torch.randint(0, 2**40, (n,), generator=g), torch.randint(0, 1000, (n,), generator=g)
     args = (logits, inv, k, p, lmp, seeds, pos)
-    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store)
+    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store, nucleus_first=first)
     assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
     kinds = set(paths.tolist())
-    if store == 2000:  # the store settles draws kept and redrawn (rows with more than cap tokens above the
+    if first:  # every row is top-p alone: none draws first; the flat rows overflow a capacity of 4
+        assert 7 in kinds and kinds <= {3, 7} and (cap == 64 or 3 in kinds), paths
+    elif store == 2000:  # the store settles draws kept and redrawn (rows with more than cap tokens above the
         assert {5, 6} <= kinds, paths  # draw, the flat ones, still take read 2)
     else:
         assert {1, 2} <= kinds and (cap == 64 or 3 in kinds) and max(kinds) < 4, paths
 
 
+def test_nucleus_first_without_a_lane_floor(device):
+    """Nucleus first, lanes whose maxima hold less than p Z (three heavy tokens share lane
+    5; 64-column tiles): no floor F, so the candidates are the tokens above the smallest
+    lane max, and the finish checks their mass reaches p Z before drawing among them
+    (path 7); a flat row whose candidates overflow the capacity takes the pivot search (3)."""
+    n, vocab = 6, 300
+    logits = torch.full((n, vocab), NEG_INF)
+    logits[:, :64] = 0.0
+    logits[:, [5, 69, 133]] = 10.0
+    logits[3:] = torch.randn(3, vocab, generator=torch.Generator().manual_seed(3)) * 0.2  # flat
+    inv = torch.ones(n)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.full((n,), 0.9)
+    lmp = torch.full((n,), NEG_INF)
+    seeds, pos = torch.arange(n) * 7919, torch.arange(n) + 3
+    args = (logits, inv, k, p, lmp, seeds, pos)
+    got, paths = _run(device, *args, cap=16, split=2, nucleus_first=True)
+    want = _reference(*args)
+    assert torch.equal(got, want), (got, want)
+    assert set(got[:3].tolist()) <= {5, 69, 133}
+    assert paths.tolist() == [7, 7, 7, 3, 3, 3], paths
+
+
 def test_compaction_without_split_and_a_store_without_compaction_are_rejected():
     x = torch.zeros(2, 10)
-    with pytest.raises(ValueError, match="compact=8 / store=0 need split > 1"):
+    with pytest.raises(ValueError, match="compact=8 / store=0 / nucleus_first=False need split > 1"):
         sample_with_cuts_triton(x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
                                 torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9),
                                 torch.full((2,), NEG_INF), compact=8)
