@@ -133,6 +133,7 @@ def run_sampler_bench(
         **{f"sampler_{name}_ms": 1e3 * secs[name] for name in other},
         "top_p_rows_by_path": _top_p_paths(logits, top_p_meta) if sampler.use_triton else None,
         "top_p_rows_off_reference": _off_reference(sampler, logits, top_p_meta) if sampler.use_triton else None,
+        "top_p_launches_ms": _launches(logits, top_p_meta, iters) if sampler.use_triton else None,
         "timing": "cuda events, back-to-back calls" if dev.type == "cuda" else "wall, sync per call",
         "wall_sync_each_ms": wall,
     }
@@ -153,6 +154,29 @@ def _off_reference(sampler: Sampler, logits: torch.Tensor, m: SamplingMetadata) 
     thr = top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p)
     want = gumbel_sample_ref(logits, m.inv_temp, m.seeds, m.positions, thr)
     return int((sampler(logits, m).sampled != want).sum())
+
+
+def _launches(logits: torch.Tensor, m: SamplingMetadata, iters: int, **shape) -> dict[str, float] | None:
+    """Median GPU ms of each launch of the split cut kernel on the top-p case (CUT_SHAPE,
+    or ``shape``), from CUDA events between the launches of back-to-back calls; None when
+    the shape is not split."""
+    from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+    from core_runner.sample.sampler import CUT_SHAPE
+
+    shape = shape or CUT_SHAPE
+    if shape.get("split", 1) <= 1:
+        return None
+    calls = []
+    for _ in range(iters):
+        marks: list = []
+        sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, marks=marks,
+                                **shape)
+        calls.append(marks)
+    _sync(logits.device)
+    out = {}
+    for j in range(1, len(calls[0])):
+        out[calls[0][j][0]] = statistics.median(c[j - 1][1].elapsed_time(c[j][1]) for c in calls)
+    return out
 
 
 def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> dict[str, int]:
@@ -179,13 +203,16 @@ def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
     m, t = top_p_meta, temp_meta
     out = {}
     # (split, block, warps, compact lanes (0: no compaction), store per row (0: none), nucleus first, capacity)
-    for split, block, warps, c, st, nf, cap in ((8, 512, 1, 0, 0, True, 4096), (16, 1024, 4, 0, 0, True, 4096)):
+    for split, block, warps, c, st, nf, cap in ((8, 512, 1, 0, 0, True, 1024), (8, 1024, 4, 0, 0, True, 4096)):
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
                                               m.log_min_p, block=block, num_warps=warps, split=split, compact=c,
                                               store=st, nucleus_first=nf, cap=cap)
         key = f"top_p_s{split}_b{block}_w{warps}_c{c}_st{st}{'_nf' if nf else ''}_cap{cap}"
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
-        print(f"  {key}: {out[key]:.3f} ms", flush=True)
+        launches = _launches(logits, m, iters, block=block, num_warps=warps, split=split, compact=c, store=st,
+                             nucleus_first=nf, cap=cap)
+        print(f"  {key}: {out[key]:.3f} ms; launches " + ", ".join(f"{k} {v:.3f}" for k, v in launches.items()),
+              flush=True)
     for split, block, warps, c in ((16, 256, 1, 0),):
         plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
                                              num_warps=warps, split=split, compact=c)
@@ -213,6 +240,8 @@ def format_sampler_result(r: dict) -> str:
         if r.get("top_p_rows_by_path"):
             line += "; top-p rows by path: " + ", ".join(f"{k} {v}" for k, v in r["top_p_rows_by_path"].items())
         lines.append(line)
+    if r.get("top_p_launches_ms"):
+        lines.append("  top-p launches (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["top_p_launches_ms"].items()))
     if r.get("tile_sweep_ms"):
         lines.append("  launch shapes (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["tile_sweep_ms"].items()))
     if r.get("top_p_peak_extra_mib") is not None:

@@ -305,13 +305,15 @@ def sample_with_cuts_split(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int, compact: int = 0,
-    store: int = 0, nucleus_first: bool = False,
+    store: int = 0, nucleus_first: bool = False, marks: list | None = None,
 ) -> torch.Tensor:
     """The four launches (module docstring) for contiguous [n, V] logits, n > 0;
     ``compact`` > 0: read 1 hashes only the tokens within G_MAX of the best
     (``gumbel_pass``), through a [n * parts, block] scratch; ``store`` > 0 (with
     ``compact``) keeps them in a [n, store] store that settles most top-p rows without
-    read 2; ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring)."""
+    read 2; ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring).
+    ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
+    launch, behind a ("start", event) pair, for a per-launch time breakdown."""
     if store and not compact:
         raise ValueError(f"store={store} needs compact > 0 (read 1 fills the store while compacting)")
     n, vocab = logits.shape
@@ -344,15 +346,27 @@ def sample_with_cuts_split(
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
     scr_x, scr_i = compact_scratch(n * n_parts, block, compact, inv)
+    _mark(marks, "start")
     _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, vocab,
                                 part, n_parts, n_tiles, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG=fast_log,
                                 BLOCK=block, NTP=ntp, C=compact, SCAP=store, NF=nucleus_first, num_warps=num_warps)
+    _mark(marks, "read1")
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
                          n_parts, st_x, st_i, st_n, cand_x, cand_i, n_c, part_a, FAST_LOG=fast_log, BLOCK=block, P=pp,
                          SCAP=store, CAP=cap, DB=512, NF=nucleus_first, num_warps=row_warps)
+    _mark(marks, "decide")
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)
+    _mark(marks, "read2")
     _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
                          paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
                          NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), num_warps=row_warps)
+    _mark(marks, "finish")
     return out
+
+
+def _mark(marks: list | None, name: str) -> None:
+    if marks is not None:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        marks.append((name, ev))

@@ -384,7 +384,7 @@ def sample_with_cuts_triton(
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor | None = None,
     block: int = 2048, cap: int = 1024, search_block: int = 64, num_pivots: int = 16, num_warps: int = 8,
     paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1, split: int = 1,
-    compact: int = 0, store: int = 0, nucleus_first: bool = False,
+    compact: int = 0, store: int = 0, nucleus_first: bool = False, marks: list | None = None,
 ) -> torch.Tensor:
     """[n, V] logits -> [n] int64 tokens: the token of ``gumbel_sample_ref`` under the
     threshold of ``top_k_top_p_threshold_ref`` (same inputs), without computing it.
@@ -400,7 +400,8 @@ def sample_with_cuts_triton(
     hashes only the tokens of read 1 within G_MAX of the best (``gumbel_pass``), and
     ``store`` > 0 keeps up to that many of them per row to settle top-p rows without read 2;
     ``nucleus_first`` draws a top-p-alone row only among its nucleus candidates (read 1
-    without hashing)."""
+    without hashing). ``marks``: per-launch CUDA events of the split kernels
+    (``sample_with_cuts_split``)."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -415,7 +416,9 @@ def sample_with_cuts_triton(
 
             return sample_with_cuts_split(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, out, paths,
                                           split, block, cap, search_block, num_pivots, num_warps, compact, store,
-                                          nucleus_first)
+                                          nucleus_first, marks)
+        if marks is not None:
+            raise ValueError(f"marks (per-launch events) need split > 1 (one launch here); got split={split}")
         if compact or store or nucleus_first:
             raise ValueError(f"compact={compact} / store={store} / nucleus_first={nucleus_first} need split > 1 "
                              f"(the split kernels have them); got split={split}")

@@ -42,9 +42,10 @@ from core_runner.sample.penalties import apply_penalties
 # Launch shapes of the Triton samplers: each row over `split` programs of `num_warps`
 # warps reading tiles of `block` columns (fastest measured on the H200 at [1024 x 151,936]
 # fp32, benchmarks/RESULTS.md; the launchers clamp split to the row's tiles). CUT_SHAPE
-# serves batches whose cutting rows all use top-p alone (those rows draw only inside their
-# nucleus: ``nucleus_first``); others take the kernel's defaults.
-CUT_SHAPE = dict(split=8, block=1024, num_warps=4, nucleus_first=True, cap=4096)
+# serves batches whose cutting rows all use top-p alone; others take the kernel's defaults.
+# (nucleus_first, session 5: read 1 at 1.2 reads, but the per-row launches after it cost
+# more than they save at top-p 0.9: 0.79 ms against 0.65; see RESULTS.md)
+CUT_SHAPE = dict(split=8, block=512, num_warps=1)
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
 
 

@@ -8,13 +8,22 @@ loop) fails here, before any device time is spent. Run it with TRITON_INTERPRET 
 (the interpreter never compiles):
 
     python tests/kernels/sm90_compile.py            # every case, prints one line each
+    python tests/kernels/sm90_compile.py --usage CASE ...   # + registers, stack, spills per kernel
+
+``--usage`` reads each cubin's resource usage with triton's own cuobjdump: registers per
+thread bound the programs an SM holds at once, and a kernel whose rare path needs a wide
+sort pays that on every row.
 
 To check another triton (the GPU image has 3.6): install it with
 ``pip install --no-deps --target DIR triton==3.6.0`` and put DIR first on PYTHONPATH.
 """
 from __future__ import annotations
 
+import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -55,8 +64,22 @@ def _compile_launch(fn: JITFunction, args: tuple, kwargs: dict) -> str:
             const[name] = None
         else:
             raise TypeError(f"{fn.__name__}: argument {name} of type {type(value).__name__} is not handled")
-    triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
-    return fn.__name__
+    ck = triton.compile(ASTSource(fn, sig, const, attrs), target=GPUTarget("cuda", 90, 32), options=options)
+    return fn.__name__ + (f" [{_usage(ck.asm['cubin'])}]" if USAGE else "")
+
+
+USAGE = False  # --usage: append each kernel's resource usage to its name
+
+
+def _usage(cubin: bytes) -> str:
+    """'REG:n STACK:n SHARED:n LOCAL:n' of a cubin (cuobjdump --dump-resource-usage)."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:\d+ STACK:\d+ SHARED:\d+ LOCAL:\d+", out)
+    return found.group(0) if found else out.strip()[-120:]
 
 
 class compiling_for_sm90:
@@ -115,6 +138,10 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
 
 
 def main(names: list[str]) -> int:
+    global USAGE
+    if "--usage" in names:
+        USAGE = True
+        names = [n for n in names if n != "--usage"]
     cases = sampler_cases()
     failed = 0
     for name in names or list(cases):
