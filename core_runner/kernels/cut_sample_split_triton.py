@@ -1,7 +1,7 @@
 """The fused cut sampler with each row spread over S programs (``split`` of
 ``sample_with_cuts_triton``): the same tokens as the one-program-per-row kernel of
 ``cut_sample_triton.py`` (whose docstring holds the definitions and the arguments), in
-four launches and no host read.
+five launches and no host read.
 
 1. ``_read1_kernel`` (rows x S): every program draws over its part of the row (whole
    tiles) and keeps the part's token, max, mass relative to it, finite count and tile
@@ -16,7 +16,9 @@ four launches and no host read.
    taken with an atomic counter; the finish sorts them, so their order does not matter).
    Tiles under lo are not read: a far draw costs only the tiles above the floor, and a
    row's tiles are read by S programs at once.
-4. ``_finish_kernel`` (rows): A (the parts' sums, in part order) < p Z keeps the draw;
+4. ``_finish_kernel`` (rows, twice: the narrow launch settles the rows with at most 256
+   candidates, the wide one the rest, so the common rows do not pay the registers of
+   the CAP-wide sort and the search): A (the parts' sums, in part order) < p Z keeps the draw;
    else the candidates give the threshold and the redraw, or, past the capacity, the exact
    pivot search. Rows with top-k or min-p take the one-program path (``_cut_row``) here,
    with the merged lane maxima (their second maxima are not kept, which only loosens the
@@ -250,13 +252,19 @@ def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, 
 def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                    row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab,
                    n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
-                   SBLOCK: tl.constexpr, NP: tl.constexpr, SCAND: tl.constexpr,
-                   SCAND2: tl.constexpr):
+                   SBLOCK: tl.constexpr, NP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr,
+                   WIDE: tl.constexpr):
+    """Step 4 in two launches of this kernel. WIDE false (every row): the rows settled
+    by the decide launch, draws kept, and draws among at most SCAND2 candidates (narrow
+    sorts, few registers: many rows per SM); the others are left (state unchanged) to
+    WIDE true: CAP-wide candidates, the pivot search and the one-program path, whose
+    registers would otherwise slow down every row."""
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     state = tl.load(row_i_ptr + i * 4)
     path = tl.load(row_i_ptr + i * 4 + 2)
     t = tl.load(out_ptr + i).to(tl.int32)  # the draw paths produce int32 tokens
+    defer = 0  # (narrow launch) left to the wide one
     if state != _DONE:
         inv_t = tl.load(inv_t_ptr + i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
@@ -279,26 +287,40 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     path = 2 + 4 * (state == _STORED).to(tl.int32)  # 6: from the store
                 n_c = tl.load(nc_ptr + i)
                 if covered & (n_c <= SCAND):  # the usual few candidates: narrow sorts
-                    t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND)
+                    if not WIDE:
+                        t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND)
                 elif covered & (n_c <= SCAND2):
-                    t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
-                elif covered & (n_c <= CAP):
-                    t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
+                    if not WIDE:
+                        t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
+                elif WIDE:
+                    if covered & (n_c <= CAP):
+                        t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
+                    else:
+                        path = 3
+                        mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
+                        # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
+                        hint = tl.where(covered, lo_v, -float("inf"))
+                        thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, hint, cx, SBLOCK, NP,
+                                            CAP)
+                        t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False,
+                                                                False, FAST_LOG, BLOCK, 1, 1, 0)
                 else:
-                    path = 3
-                    mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
-                    # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
-                    hint = tl.where(covered, lo_v, -float("inf"))
-                    thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, hint, cx, SBLOCK, NP, CAP)
-                    t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False,
-                                                            FAST_LOG, BLOCK, 1, 1, 0)
-        else:
+                    defer = 1
+        elif WIDE:
             a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
             a2 = tl.full([BLOCK], -float("inf"), tl.float32)
             t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx, ci,
                                FAST_LOG, BLOCK, CAP, SBLOCK, NP, 1, 1, 1)
-    tl.store(out_ptr + i, t.to(tl.int64))
-    tl.store(path_ptr + i, path)
+        else:
+            defer = 1
+    if WIDE:
+        if state != _DONE:  # (left by the narrow launch)
+            tl.store(out_ptr + i, t.to(tl.int64))
+            tl.store(path_ptr + i, path)
+    elif defer == 0:
+        tl.store(out_ptr + i, t.to(tl.int64))
+        tl.store(path_ptr + i, path)
+        tl.store(row_i_ptr + i * 4, _DONE)
 
 
 def sample_with_cuts_split(
@@ -307,7 +329,7 @@ def sample_with_cuts_split(
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int, compact: int = 0,
     store: int = 0, nucleus_first: bool = False, marks: list | None = None,
 ) -> torch.Tensor:
-    """The four launches (module docstring) for contiguous [n, V] logits, n > 0;
+    """The five launches (module docstring) for contiguous [n, V] logits, n > 0;
     ``compact`` > 0: read 1 hashes only the tokens within G_MAX of the best
     (``gumbel_pass``), through a [n * parts, block] scratch; ``store`` > 0 (with
     ``compact``) keeps them in a [n, store] store that settles most top-p rows without
@@ -360,8 +382,12 @@ def sample_with_cuts_split(
     _mark(marks, "read2")
     _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
                          paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
-                         NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), num_warps=row_warps)
+                         NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), WIDE=False, num_warps=row_warps)
     _mark(marks, "finish")
+    _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
+                         paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
+                         NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), WIDE=True, num_warps=row_warps)
+    _mark(marks, "finish_wide")
     return out
 
 

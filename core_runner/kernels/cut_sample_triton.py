@@ -396,7 +396,7 @@ def sample_with_cuts_triton(
     top-p alone drawn among the candidates >= F without a first draw (split with
     ``nucleus_first``).
     ``split`` > 1 spreads every row over that many programs
-    (``cut_sample_split_triton``: four launches, the same tokens); there ``compact`` > 0
+    (``cut_sample_split_triton``: five launches, the same tokens); there ``compact`` > 0
     hashes only the tokens of read 1 within G_MAX of the best (``gumbel_pass``), and
     ``store`` > 0 keeps up to that many of them per row to settle top-p rows without read 2;
     ``nucleus_first`` draws a top-p-alone row only among its nucleus candidates (read 1

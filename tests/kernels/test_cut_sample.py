@@ -287,7 +287,7 @@ def test_top_p_on_peaked_rows_never_needs_the_pivot_search(device):
     (3, 64, 0, 0, False), (5, 4, 0, 0, False), (3, 64, 16, 0, False), (3, 64, 16, 2000, False), (3, 64, 16, 8, False),
     (3, 64, 0, 0, True), (5, 4, 0, 0, True)])
 def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap, compact, store, first):
-    """split > 1 (four launches, each row over several programs): every kind of row of
+    """split > 1 (five launches, each row over several programs): every kind of row of
     the mixed set (greedy, each cut alone and combined, ties, -inf tails; rows with top-k
     or min-p go through the one-program path in the last launch) and long top-p-only
     rows, including candidate overflow (cap 4: pivot search); also with read 1's
