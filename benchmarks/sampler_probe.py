@@ -7,8 +7,6 @@ or SPLIT programs per row (a contiguous part each), at a few tile widths and war
   bound  + the hash-bound skip test and the per-tile "any" reduction (no logs)
   full   ``gumbel_pass`` itself (temperature only: no statistics)
   fullz  ``gumbel_pass`` with the lane maxima, Z and tile maxima (top-p's read 1)
-  fullc, fullzc  the same two with compaction (only tokens within G_MAX of the best are
-         hashed, 32 x warps lanes at a time; session 5: slower, not run by default)
   stats  ``gumbel_pass`` with the statistics of fullz and no draw (nucleus first's read 1)
 
 Times are GPU times (CUDA events around back-to-back launches), next to torch's copy
@@ -31,29 +29,26 @@ from core_runner.kernels.gumbel_sample import (
     _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
 
-MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "fullc": 5, "fullzc": 6, "stats": 7}
+MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "stats": 7}
 
 
 @triton.jit
-def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, inv_t, scr_x_ptr, scr_i_ptr,
+def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, inv_t,
                   MODE: tl.constexpr, SPLIT: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                  NT: tl.constexpr, C: tl.constexpr):
+                  NT: tl.constexpr):
     i = tl.program_id(0)
     s = tl.program_id(1)
     row = logits_ptr + i.to(tl.int64) * s_row
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)
     lo = s * part
     hi = tl.minimum(lo + part, vocab)
-    scr = (i * SPLIT + s).to(tl.int64) * BLOCK
-    if (MODE == 3) | (MODE == 5):
+    if MODE == 3:
         tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, False, False, False,
-                                                  FAST_LOG, BLOCK, NT, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr,
-                                                  C if MODE == 5 else 0)
+                                                  FAST_LOG, BLOCK, NT, 1, lo)
         res = tok.to(tl.float32)
-    elif (MODE == 4) | (MODE == 6) | (MODE == 7):
+    elif (MODE == 4) | (MODE == 7):
         tok, a1, _a2, nf, z, tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True,
-                                              FAST_LOG, BLOCK, NT, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr,
-                                              C if MODE == 6 else 0, draw=MODE != 7)
+                                              FAST_LOG, BLOCK, NT, 1, lo, draw=MODE != 7)
         res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
     else:
         lanes = tl.arange(0, BLOCK)
@@ -86,12 +81,10 @@ def probe(logits: torch.Tensor, mode: str, split: int = 1, block: int = 2048, nu
     pos = torch.full((n,), 100, device=dev)
     out = torch.empty(n * split, device=dev)
     part = triton.cdiv(triton.cdiv(vocab, split), block) * block
-    scr_x = torch.empty((n * split, block), device=dev)
-    scr_i = torch.empty((n * split, block), dtype=torch.int32, device=dev)
     _probe_kernel[(n, split)](
-        logits, logits.stride(0), seeds, pos, out, vocab, part, 1.0 / 0.7, scr_x, scr_i, MODE=MODES[mode],
+        logits, logits.stride(0), seeds, pos, out, vocab, part, 1.0 / 0.7, MODE=MODES[mode],
         SPLIT=split, FAST_LOG=use_fast_log(dev), BLOCK=block, NT=triton.next_power_of_2(triton.cdiv(part, block)),
-        C=32 * num_warps, num_warps=num_warps,
+        num_warps=num_warps,
     )
     return out
 

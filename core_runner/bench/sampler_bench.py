@@ -24,8 +24,7 @@ from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import Sampler
 
 # the path codes of ``sample_with_cuts_triton``
-PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 5: "kept (store)", 6: "redrawn (store)",
-              7: "nucleus first"}
+PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 7: "nucleus first"}
 
 
 def _sync(device: torch.device) -> None:
@@ -138,7 +137,7 @@ def run_sampler_bench(
         "wall_sync_each_ms": wall,
     }
     if sampler.use_triton and sweep:
-        res["tile_sweep_ms"] = _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup)
+        res["tile_sweep_ms"] = _tile_sweep(logits, top_p_meta, dev, iters, warmup)
     for key in ("top_p", "torch_softmax_multinomial"):
         extra = _peak_extra_bytes(fns[key], dev)
         res[f"{key}_peak_extra_mib"] = None if extra is None else extra / 2**20
@@ -193,32 +192,24 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> dict[str, int]:
     return {PATH_NAMES.get(code, str(code)): c for code, c in enumerate(counts) if c}
 
 
-def _tile_sweep(logits, top_p_meta, temp_meta, dev, iters, warmup) -> dict:
-    """Both kernels (cut sampler on the top-p case, plain Gumbel on temperature only) with
-    rows split over programs at a few tile widths and warp counts, with and without read
-    1's compaction: which launch shape the defaults should take."""
+def _tile_sweep(logits, top_p_meta, dev, iters, warmup) -> dict:
+    """The cut sampler on the top-p case at other launch shapes (each row over ``split``
+    programs of ``num_warps`` warps, tiles of ``block``; nucleus first or not), each with
+    its per-launch breakdown: which shape the defaults should take."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
-    from core_runner.kernels.gumbel_sample import gumbel_sample_triton
 
-    m, t = top_p_meta, temp_meta
+    m = top_p_meta
     out = {}
-    # (split, block, warps, compact lanes (0: no compaction), store per row (0: none), nucleus first, capacity)
-    for split, block, warps, c, st, nf, cap in ((8, 512, 1, 0, 0, True, 1024), (8, 1024, 4, 0, 0, True, 4096)):
+    for shape in (dict(split=8, block=512, num_warps=1, nucleus_first=True, cap=4096),
+                  dict(split=8, block=1024, num_warps=4, nucleus_first=True, cap=4096)):
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
-                                              m.log_min_p, block=block, num_warps=warps, split=split, compact=c,
-                                              store=st, nucleus_first=nf, cap=cap)
-        key = f"top_p_s{split}_b{block}_w{warps}_c{c}_st{st}{'_nf' if nf else ''}_cap{cap}"
+                                              m.log_min_p, **shape)
+        key = "top_p_s{split}_b{block}_w{num_warps}_cap{cap}".format(**shape)
+        key += "_nf" if shape["nucleus_first"] else ""
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
-        launches = _launches(logits, m, iters, block=block, num_warps=warps, split=split, compact=c, store=st,
-                             nucleus_first=nf, cap=cap)
+        launches = _launches(logits, m, iters, **shape)
         print(f"  {key}: {out[key]:.3f} ms; launches " + ", ".join(f"{k} {v:.3f}" for k, v in launches.items()),
               flush=True)
-    for split, block, warps, c in ((16, 256, 1, 0),):
-        plain = lambda: gumbel_sample_triton(logits, t.inv_temp, t.seeds, t.positions, block=block,  # noqa: E731
-                                             num_warps=warps, split=split, compact=c)
-        key = f"temp_s{split}_b{block}_w{warps}_c{c}"
-        out[key] = 1e3 * _time(plain, dev, iters, warmup)
-        print(f"  {key}: {out[key]:.3f} ms", flush=True)
     return out
 
 

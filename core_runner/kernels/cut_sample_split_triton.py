@@ -34,15 +34,6 @@ read 2 for the tokens >= F, and step 4 computes v_p from those candidates and dr
 among the ones >= v_p (path 7; more than CAP candidates: the pivot search, path 3).
 Read 2 touches only the tiles whose max is >= F: on peaked rows a handful. Other rows of
 the batch draw in read 1 as before.
-
-With ``compact`` and ``store`` (opt-in until measured on a GPU), read 1 also appends
-to a per-row store (an atomic slot counter) every token still within G_MAX of its part's
-best after each tile's draw. The best only grows, so the store holds every token >=
-(part best) - G_MAX >= (row best) - G_MAX, and the drawn token t has x_t = row best -
-g_t >= row best - G_MAX: every token above x_t is in the store. Step 2 then settles a
-top-p row from the store alone when it did not overflow: A = mass{x > x_t} < p Z keeps
-the draw (path 5), else the tokens above x_t (the nucleus is among them) become the
-candidates when at most CAP (path 6, step 4 redraws); other rows take read 2 as above.
 """
 from __future__ import annotations
 
@@ -52,7 +43,7 @@ import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
 from core_runner.kernels.gumbel_sample import (
-    argmax_pass, combine_part_tokens, compact_scratch, gumbel_pass, row_keys, row_part, use_fast_log,
+    argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
 )
 from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
 
@@ -60,7 +51,6 @@ from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
 _DONE = tl.constexpr(0)
 _READ2 = tl.constexpr(1)  # top-p alone, draw below the max: read 2 and the finish
 _ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
-_STORED = tl.constexpr(3)  # top-p alone, draw out: its candidates came from read 1's store
 
 
 @triton.jit
@@ -71,51 +61,28 @@ def _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i):
 
 
 @triton.jit
-def _store_above(st_x, n_st, x_t, m, DB: tl.constexpr):
-    """mass{x > x_t} and count{x > x_t} over the n_st tokens of a row's store."""
-    a = tl.zeros([DB], tl.float32)
-    c = tl.zeros([DB], tl.int32)
-    for c0 in range(0, n_st, DB):
-        o = c0 + tl.arange(0, DB)
-        x = tl.load(st_x + o, mask=o < n_st, other=-float("inf"))
-        gt = x > x_t
-        a += tl.where(gt, tl.exp(x - m), 0.0)
-        c += gt.to(tl.int32)
-    return tl.sum(a, axis=0), tl.sum(c, axis=0)
-
-
-@triton.jit
-def _store_to_candidates(st_x, st_i, n_st, x_t, cx_ptr, ci_ptr, DB: tl.constexpr):
-    """The store's tokens above x_t into the candidate row (the caller checked they fit)."""
-    w = tl.zeros([], tl.int32)
-    for c0 in range(0, n_st, DB):
-        o = c0 + tl.arange(0, DB)
-        ok = o < n_st
-        x = tl.load(st_x + o, mask=ok, other=-float("inf"))
-        col = tl.load(st_i + o, mask=ok, other=0)
-        gt = x > x_t
-        at = w + tl.cumsum(gt.to(tl.int32), axis=0) - 1
-        tl.store(cx_ptr + at, x, mask=gt)
-        tl.store(ci_ptr + at, col, mask=gt)
-        w += tl.sum(gt.to(tl.int32), axis=0)
+def _send_to_read2(row_f_ptr, row_i_ptr, i, mode, m, z, lo, x_t):
+    """The decide launch's record of a row for read 2 and the finish: mode 1 tests a draw
+    (A = mass{x > lo} against p Z), mode 2 gathers the nucleus (the tokens > lo hold it)."""
+    tl.store(row_i_ptr + i * 4 + 3, mode)
+    tl.store(row_f_ptr + i * 4, m)
+    tl.store(row_f_ptr + i * 4 + 1, z)
+    tl.store(row_f_ptr + i * 4 + 2, lo)
+    tl.store(row_f_ptr + i * 4 + 3, x_t)
 
 
 @triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
-                  part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles, scr_x_ptr, scr_i_ptr,
-                  st_x_ptr, st_i_ptr, st_n_ptr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr,
-                  C: tl.constexpr, SCAP: tl.constexpr, NF: tl.constexpr):
+                  part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles,
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, NF: tl.constexpr):
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if inv_t > 0:
         draw = True
         if NF:  # nucleus first: a top-p-alone row draws only among the tokens >= F, after read 2
             draw = ~_nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        scr = (i * n_parts + s).to(tl.int64) * BLOCK  # the program's scratch (C > 0: compaction)
         t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
-                                              BLOCK, NTP, 1, lo, scr_x_ptr + scr, scr_i_ptr + scr, C,
-                                              st_x_ptr + i.to(tl.int64) * SCAP, st_i_ptr + i.to(tl.int64) * SCAP,
-                                              st_n_ptr + i, SCAP, draw)
+                                              BLOCK, NTP, 1, lo, draw)
         lanes = tl.arange(0, BLOCK)
         tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
         tiles = lo // BLOCK + tl.arange(0, NTP)
@@ -131,9 +98,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, n_parts,
-                   st_x_ptr, st_i_ptr, st_n_ptr, cand_x_ptr, cand_i_ptr, nc_ptr, part_a_ptr,
-                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, SCAP: tl.constexpr,
-                   CAP: tl.constexpr, DB: tl.constexpr, NF: tl.constexpr):
+                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, NF: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
@@ -170,47 +135,19 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     lo = tl.where(has_floor, _value(_key(floor) - 1),
                                   tl.min(tl.where(a1 > -float("inf"), a1, float("inf")), axis=0))
                     state = _READ2
-                    tl.store(row_i_ptr + i * 4 + 3, tl.where(has_floor, 2, 1))
-                    tl.store(row_f_ptr + i * 4, m)
-                    tl.store(row_f_ptr + i * 4 + 1, z)
-                    tl.store(row_f_ptr + i * 4 + 2, lo)
-                    tl.store(row_f_ptr + i * 4 + 3, -float("inf"))
+                    _send_to_read2(row_f_ptr, row_i_ptr, i, tl.where(has_floor, 2, 1), m, z, lo, -float("inf"))
                 else:
                     x_t = tl.load(row + t).to(tl.float32) * inv_t
                     if x_t < m:
-                        settled = 0  # 1: kept, 2: candidates gathered, both from the store (SCAP > 0)
-                        if SCAP > 0:
-                            st = i.to(tl.int64) * SCAP
-                            n_st = tl.load(st_n_ptr + i)
-                            if n_st <= SCAP:  # it holds every token above x_t
-                                a_gt, n_gt = _store_above(st_x_ptr + st, n_st, x_t, m, DB)
-                                if a_gt < p * z:
-                                    settled = 1
-                                elif n_gt <= CAP:
-                                    settled = 2
-                                    _store_to_candidates(st_x_ptr + st, st_i_ptr + st, n_st, x_t,
-                                                         cand_x_ptr + i.to(tl.int64) * CAP,
-                                                         cand_i_ptr + i.to(tl.int64) * CAP, DB)
-                                    tl.store(nc_ptr + i, n_gt)
-                                    tl.store(part_a_ptr + i * n_parts + offs, tl.where(offs == 0, a_gt, 0.0), mask=ok)
                         lo = x_t
                         mode = 1  # the draw is tested: A = mass{x > x_t} against p Z
-                        if settled == 1:
-                            path = 5  # kept, settled by the store (4 + 1)
-                        elif settled == 2:
-                            state = _STORED
-                        elif settled == 0:
-                            a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
-                            floor = lane_floor(a1, m, p * z, BLOCK)
-                            if x_t < floor:
-                                lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
-                                mode = 2  # the draw is out; read 2 gathers the tokens >= F
-                            state = _READ2
-                        tl.store(row_i_ptr + i * 4 + 3, mode)
-                        tl.store(row_f_ptr + i * 4, m)
-                        tl.store(row_f_ptr + i * 4 + 1, z)
-                        tl.store(row_f_ptr + i * 4 + 2, lo)
-                        tl.store(row_f_ptr + i * 4 + 3, x_t)
+                        a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+                        floor = lane_floor(a1, m, p * z, BLOCK)
+                        if x_t < floor:
+                            lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
+                            mode = 2  # the draw is out; read 2 gathers the tokens >= F
+                        state = _READ2
+                        _send_to_read2(row_f_ptr, row_i_ptr, i, mode, m, z, lo, x_t)
             else:
                 state = _ONE_PROGRAM
         tl.store(row_i_ptr + i * 4 + 1, n_fin)
@@ -274,7 +211,7 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
         n_fin = tl.load(row_i_ptr + i * 4 + 1)
         cx = cx_ptr + i.to(tl.int64) * CAP
         ci = ci_ptr + i.to(tl.int64) * CAP
-        if (state == _READ2) | (state == _STORED):
+        if state == _READ2:
             m = tl.load(row_f_ptr + i * 4)
             z = tl.load(row_f_ptr + i * 4 + 1)
             lo_v = tl.load(row_f_ptr + i * 4 + 2)
@@ -284,7 +221,7 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
             covered = (tl.load(row_i_ptr + i * 4 + 3) == 2) | (a_gt >= p * z)  # the candidates hold S
             if covered | (path == 7):  # (7, nucleus first: no draw to keep)
                 if path != 7:
-                    path = 2 + 4 * (state == _STORED).to(tl.int32)  # 6: from the store
+                    path = 2
                 n_c = tl.load(nc_ptr + i)
                 if covered & (n_c <= SCAND):  # the usual few candidates: narrow sorts
                     if not WIDE:
@@ -326,18 +263,13 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
 def sample_with_cuts_split(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
-    split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int, compact: int = 0,
-    store: int = 0, nucleus_first: bool = False, marks: list | None = None,
+    split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
+    nucleus_first: bool = False, marks: list | None = None,
 ) -> torch.Tensor:
     """The five launches (module docstring) for contiguous [n, V] logits, n > 0;
-    ``compact`` > 0: read 1 hashes only the tokens within G_MAX of the best
-    (``gumbel_pass``), through a [n * parts, block] scratch; ``store`` > 0 (with
-    ``compact``) keeps them in a [n, store] store that settles most top-p rows without
-    read 2; ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring).
+    ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring).
     ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
     launch, behind a ("start", event) pair, for a per-launch time breakdown."""
-    if store and not compact:
-        raise ValueError(f"store={store} needs compact > 0 (read 1 fills the store while compacting)")
     n, vocab = logits.shape
     dev = logits.device
     n_tiles = triton.cdiv(vocab, block)
@@ -356,26 +288,19 @@ def sample_with_cuts_split(
     tmax = torch.empty((n, n_tiles), dtype=torch.float32, device=dev)
     row_f = torch.empty((n, 4), dtype=torch.float32, device=dev)
     row_i = torch.empty((n, 4), dtype=torch.int32, device=dev)
-    counts = torch.zeros((2, n), dtype=torch.int32, device=dev)  # candidates (read 2), store (read 1)
-    n_c, st_n = counts[0], counts[1]
-    st_x = st_i = inv  # (unused without a store)
-    if store:
-        st_x = torch.empty((n, store), dtype=torch.float32, device=dev)
-        st_i = torch.empty((n, store), dtype=torch.int32, device=dev)
+    n_c = torch.zeros(n, dtype=torch.int32, device=dev)  # candidates (read 2)
     cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
     cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
     fast_log = use_fast_log(dev)
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
-    scr_x, scr_i = compact_scratch(n * n_parts, block, compact, inv)
     _mark(marks, "start")
     _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, vocab,
-                                part, n_parts, n_tiles, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG=fast_log,
-                                BLOCK=block, NTP=ntp, C=compact, SCAP=store, NF=nucleus_first, num_warps=num_warps)
+                                part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, NF=nucleus_first,
+                                num_warps=num_warps)
     _mark(marks, "read1")
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                         n_parts, st_x, st_i, st_n, cand_x, cand_i, n_c, part_a, FAST_LOG=fast_log, BLOCK=block, P=pp,
-                         SCAP=store, CAP=cap, DB=512, NF=nucleus_first, num_warps=row_warps)
+                         n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first, num_warps=row_warps)
     _mark(marks, "decide")
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)

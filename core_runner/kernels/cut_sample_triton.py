@@ -384,7 +384,7 @@ def sample_with_cuts_triton(
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor | None = None,
     block: int = 2048, cap: int = 1024, search_block: int = 64, num_pivots: int = 16, num_warps: int = 8,
     paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1, split: int = 1,
-    compact: int = 0, store: int = 0, nucleus_first: bool = False, marks: list | None = None,
+    nucleus_first: bool = False, marks: list | None = None,
 ) -> torch.Tensor:
     """[n, V] logits -> [n] int64 tokens: the token of ``gumbel_sample_ref`` under the
     threshold of ``top_k_top_p_threshold_ref`` (same inputs), without computing it.
@@ -392,13 +392,10 @@ def sample_with_cuts_triton(
     Scratch: [n, cap] float32 + int32 candidates (8 MiB at n = 1024, cap = 1024).
     ``paths`` ([n] int32, optional) receives how each row was decided: 0 greedy or no
     cut, 1 unrestricted draw kept, 2 redrawn without a search (candidates, or the min-p
-    mask), 3 pivot search; + 4 when read 1's store settled it (split with ``store``); 7
-    top-p alone drawn among the candidates >= F without a first draw (split with
-    ``nucleus_first``).
+    mask), 3 pivot search; 7 top-p alone drawn among the candidates >= F without a first
+    draw (split with ``nucleus_first``).
     ``split`` > 1 spreads every row over that many programs
-    (``cut_sample_split_triton``: five launches, the same tokens); there ``compact`` > 0
-    hashes only the tokens of read 1 within G_MAX of the best (``gumbel_pass``), and
-    ``store`` > 0 keeps up to that many of them per row to settle top-p rows without read 2;
+    (``cut_sample_split_triton``: five launches, the same tokens); there
     ``nucleus_first`` draws a top-p-alone row only among its nucleus candidates (read 1
     without hashing). ``marks``: per-launch CUDA events of the split kernels
     (``sample_with_cuts_split``)."""
@@ -415,13 +412,13 @@ def sample_with_cuts_triton(
             from core_runner.kernels.cut_sample_split_triton import sample_with_cuts_split
 
             return sample_with_cuts_split(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, out, paths,
-                                          split, block, cap, search_block, num_pivots, num_warps, compact, store,
-                                          nucleus_first, marks)
+                                          split, block, cap, search_block, num_pivots, num_warps, nucleus_first,
+                                          marks)
         if marks is not None:
             raise ValueError(f"marks (per-launch events) need split > 1 (one launch here); got split={split}")
-        if compact or store or nucleus_first:
-            raise ValueError(f"compact={compact} / store={store} / nucleus_first={nucleus_first} need split > 1 "
-                             f"(the split kernels have them); got split={split}")
+        if nucleus_first:
+            raise ValueError(f"nucleus_first={nucleus_first} needs split > 1 (the split kernels have it); "
+                             f"got split={split}")
         cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
         cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
         _cut_sample_kernel[(n,)](

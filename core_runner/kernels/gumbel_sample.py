@@ -36,12 +36,8 @@ B, before hashing. Skipped tokens lie strictly below B, so the token and its tie
 pass the test in a tile is about (the tile's share of the mass) / (the share seen so
 far), whatever the distribution: a handful of the ~75 tiles of a 151,936 row.
 
-Compaction (``compact`` = C > 0, opt-in until measured): the hash itself (~12 integer
-instructions) is then the pass's largest cost. A token can only win if x + G_MAX >= B,
-and on long rows few do (a row of N(0, 5.7): ~5%; real logits: far fewer), so a tile's
-such tokens are written in column order to a per-program scratch (one prefix sum) and
-only they are hashed and bounded, C lanes at a time. The first tile (B = -inf) passes
-whole.
+(Tried and dropped, session 5: hashing only the tokens within G_MAX of the best through
+a per-program scratch was 1.9x slower on the H200 than hashing every token.)
 
 ``gumbel_pass`` and ``argmax_pass`` are shared with the fused cut sampler
 (``cut_sample_triton.py``), which also asks ``gumbel_pass`` for the row statistics it
@@ -161,48 +157,9 @@ def _draw(x, h, idx, best, bidx, best_row, FAST_LOG: tl.constexpr):
 
 
 @triton.jit
-def _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, st_x, st_i, st_n, FAST_LOG: tl.constexpr,
-                  C: tl.constexpr, SCAP: tl.constexpr):
-    """One tile of ``gumbel_pass`` with compaction: the tile's tokens that could reach
-    best_row (x + G_MAX >= it) go to the scratch in column order and are drawn C at a
-    time. Lane j of best / bidx sees increasing columns, so the strict '>' keeps the
-    first column of each lane's maximum, as in the uncompacted pass.
-
-    SCAP > 0: those still within G_MAX of the best after the draw are also appended to
-    the row's store (st_x / st_i, SCAP entries, in any order; st_n counts them, past SCAP
-    when it overflowed). As the best only grows, the store ends up holding every token
-    >= (the part's final best) - G_MAX, so every token above the drawn one."""
-    sel = (x + _G_MAX >= best_row) & (x > -float("inf"))
-    seli = sel.to(tl.int32)
-    cnt = tl.sum(seli, axis=0)
-    at = tl.cumsum(seli, axis=0) - 1
-    tl.store(scr_x + at, x, mask=sel, cache_modifier=".cg")
-    tl.store(scr_i + at, cols, mask=sel, cache_modifier=".cg")
-    tl.debug_barrier()  # the tokens were written by other threads
-    for c0 in range(0, cnt, C):
-        offs = c0 + tl.arange(0, C)
-        ok = offs < cnt
-        cx = tl.load(scr_x + offs, mask=ok, other=-float("inf"), cache_modifier=".cg")
-        ci = tl.load(scr_i + offs, mask=ok, other=0, cache_modifier=".cg")
-        best, bidx, best_row = _draw(cx, token_hash(col_hash(ci), k1, k2), ci, best, bidx, best_row, FAST_LOG)
-    tl.debug_barrier()  # read before the next tile overwrites them
-    if SCAP > 0:
-        keep = sel & (x + _G_MAX >= best_row)
-        keepi = keep.to(tl.int32)
-        n_keep = tl.sum(keepi, axis=0)
-        if n_keep > 0:
-            at = tl.atomic_add(st_n, n_keep) + tl.cumsum(keepi, axis=0) - 1
-            put = keep & (at < SCAP)
-            tl.store(st_x + at, x, mask=put)
-            tl.store(st_i + at, cols, mask=put)
-    return best, bidx, best_row
-
-
-@triton.jit
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
                 TOP2: tl.constexpr, ZSTATS: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                NT: tl.constexpr, NS: tl.constexpr, lo, scr_x=None, scr_i=None, C: tl.constexpr = 0,
-                st_x=None, st_i=None, st_n=None, SCAP: tl.constexpr = 0, draw=True):
+                NT: tl.constexpr, NS: tl.constexpr, lo, draw=True):
     """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read of
     the columns [lo, vocab) (lo a multiple of BLOCK).
 
@@ -212,20 +169,10 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
     Returns (token, lane max of x, lane second max of x (TOP2), number of finite x, row
     mass Z = sum exp(x - max x) (ZSTATS), tile maxima of x (ZSTATS: [NT], -inf past the
     last tile; never with HAS_THR: they are of the whole row)); the statistics are computed
-    when STATS is set (before the threshold).
-
-    C > 0 (compaction): the tokens of a tile within G_MAX of the best so far are written
-    to the program's scratch (scr_x / scr_i: BLOCK floats and ints) and only they are
-    hashed, C at a time, in C lanes; the others cost a compare and a prefix sum instead
-    of the hash (module docstring). SCAP > 0 also keeps them in a store
-    (``_compact_step``)."""
+    when STATS is set (before the threshold)."""
     lanes = tl.arange(0, BLOCK)
-    if C > 0:
-        best = tl.full([C], -float("inf"), tl.float32)
-        bidx = lo + tl.arange(0, C)
-    else:
-        best = tl.full([BLOCK], -float("inf"), tl.float32)
-        bidx = lo + lanes
+    best = tl.full([BLOCK], -float("inf"), tl.float32)
+    bidx = lo + lanes
     best_row = tl.full([], -float("inf"), tl.float32)  # max of best: a token that can win reaches it
     a1 = tl.full([BLOCK], -float("inf"), tl.float32)
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
@@ -261,11 +208,7 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
         # high enough get the two logs
         if draw:
             if xm + _G_MAX >= best_row:
-                if C > 0:
-                    best, bidx, best_row = _compact_step(x, cols, k1, k2, best, bidx, best_row, scr_x, scr_i, st_x,
-                                                         st_i, st_n, FAST_LOG, C, SCAP)
-                else:
-                    best, bidx, best_row = _draw(x, token_hash(hc, k1, k2), cols, best, bidx, best_row, FAST_LOG)
+                best, bidx, best_row = _draw(x, token_hash(hc, k1, k2), cols, best, bidx, best_row, FAST_LOG)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF
     if ZSTATS:
         z = tl.where(zm > -float("inf"), z, 0.0)
@@ -299,8 +242,8 @@ def row_part(logits_ptr, s_row, inv_t_ptr, vocab, part):
 
 @triton.jit
 def _gumbel_argmax_kernel(
-    logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab, part, scr_x_ptr, scr_i_ptr,
-    HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr, C: tl.constexpr,
+    logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_ptr, out_ptr, vocab, part,
+    HAS_THR: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NS: tl.constexpr,
 ):
     """Program (i, s) draws row i over its columns [s * part, (s + 1) * part); with one
     program per row (part >= vocab) that is the row's token, else the part's (then
@@ -311,9 +254,8 @@ def _gumbel_argmax_kernel(
         if HAS_THR:
             thr = tl.load(thr_ptr + i)
         k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        scr = (i * tl.num_programs(1) + s).to(tl.int64) * BLOCK  # the program's scratch (C > 0)
         tok, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, hi, inv_t, thr, k1, k2, HAS_THR, False, False, False,
-                                                  FAST_LOG, BLOCK, 1, NS, lo, scr_x_ptr + scr, scr_i_ptr + scr, C)
+                                                  FAST_LOG, BLOCK, 1, NS, lo)
     else:
         tok = argmax_pass(row, hi, BLOCK, NS, lo)
     tl.store(out_ptr + i * tl.num_programs(1) + s, tok.to(tl.int64))
@@ -353,28 +295,17 @@ def _combine_parts_kernel(logits_ptr, s_row, inv_t_ptr, thr_ptr, seed_ptr, pos_p
     tl.store(out_ptr + i, tok)
 
 
-def compact_scratch(programs: int, block: int, compact: int, unused: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The compaction scratch of ``gumbel_pass`` ([programs, block] floats and ints), or
-    ``unused`` twice when ``compact`` is 0 (the kernel never touches it then)."""
-    if not compact:
-        return unused, unused
-    return (torch.empty((programs, block), dtype=torch.float32, device=unused.device),
-            torch.empty((programs, block), dtype=torch.int32, device=unused.device))
-
-
 def gumbel_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     threshold: torch.Tensor | None = None, out: torch.Tensor | None = None, block: int = 2048,
-    num_warps: int = 8, num_stages: int = 1, split: int = 1, compact: int = 0,
+    num_warps: int = 8, num_stages: int = 1, split: int = 1,
 ) -> torch.Tensor:
     """[n, V] logits (any float dtype) -> [n] int64 tokens; inv_temp 0 = argmax.
 
     ``threshold`` ([n] float32, on logits * inv_temp) keeps only tokens at or above it.
     ``split`` > 1 spreads each row over that many programs (contiguous parts of whole
     tiles) and picks among their tokens in a second small kernel: more loads in flight
-    when there are few rows per SM, at the price of one noise tile per part.
-    ``compact`` > 0 hashes only the tokens within G_MAX of the best so far, ``compact`` at
-    a time, through a scratch of [n * split, block] floats and ints."""
+    when there are few rows per SM, at the price of one noise tile per part."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
         logits = logits.contiguous()
@@ -389,10 +320,9 @@ def gumbel_sample_triton(
         split = triton.cdiv(vocab, part)
         dst = out if split == 1 else torch.empty((n, split), dtype=torch.int64, device=logits.device)
         flags = dict(HAS_THR=threshold is not None, FAST_LOG=use_fast_log(logits.device))
-        scr_x, scr_i = compact_scratch(n * split, block, compact, inv)
         _gumbel_argmax_kernel[(n, split)](
-            logits, logits.stride(0), inv, thr, seeds, positions, dst, vocab, part, scr_x, scr_i,
-            **flags, BLOCK=block, NS=num_stages, C=compact, num_warps=num_warps,
+            logits, logits.stride(0), inv, thr, seeds, positions, dst, vocab, part,
+            **flags, BLOCK=block, NS=num_stages, num_warps=num_warps,
         )
         if split > 1:
             _combine_parts_kernel[(n,)](logits, logits.stride(0), inv, thr, seeds, positions, dst, out, split,

@@ -120,12 +120,6 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
         "cut": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp),
         "cut_block256_cap16": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, block=256, cap=16),
     }
-    cases["gumbel_s16_b256_w1_compact32"] = lambda: gumbel_sample_triton(x, inv, seeds, pos, split=16, block=256,
-                                                                         num_warps=1, compact=32)
-    cases["cut_s8_b512_w1_compact32"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, split=8,
-                                                                        block=512, num_warps=1, compact=32)
-    cases["cut_s8_b512_w1_compact32_store"] = lambda: sample_with_cuts_triton(
-        x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, compact=32, store=8192)
     cases["cut_sampler_shape"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **CUT_SHAPE)
     cases["cut_s8_b512_w1_nucleus_first"] = lambda: sample_with_cuts_triton(
         x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, nucleus_first=True)

@@ -20,10 +20,10 @@ def _reference(logits, inv, k, p, lmp, seeds, pos):
     return gumbel_sample_ref(logits, inv, seeds, pos, thr)
 
 
-def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, compact=0, store=0, nucleus_first=False):
+def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, nucleus_first=False):
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=device)
     got = sample_with_cuts_triton(*(t.to(device) for t in (logits, inv, seeds, pos, k, p, lmp)), block=64, cap=cap,
-                                  search_block=32, paths=paths, split=split, compact=compact, store=store,
+                                  search_block=32, paths=paths, split=split,
                                   nucleus_first=nucleus_first)
     return got.cpu(), paths.cpu()
 
@@ -283,19 +283,16 @@ def test_top_p_on_peaked_rows_never_needs_the_pivot_search(device):
     assert set(paths.tolist()) <= {1, 2} and 2 in paths.tolist(), paths
 
 
-@pytest.mark.parametrize("split, cap, compact, store, first", [
-    (3, 64, 0, 0, False), (5, 4, 0, 0, False), (3, 64, 16, 0, False), (3, 64, 16, 2000, False), (3, 64, 16, 8, False),
-    (3, 64, 0, 0, True), (5, 4, 0, 0, True)])
-def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap, compact, store, first):
+@pytest.mark.parametrize("split, cap, first", [(3, 64, False), (5, 4, False), (3, 64, True), (5, 4, True)])
+def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap, first):
     """split > 1 (five launches, each row over several programs): every kind of row of
     the mixed set (greedy, each cut alone and combined, ties, -inf tails; rows with top-k
     or min-p go through the one-program path in the last launch) and long top-p-only
-    rows, including candidate overflow (cap 4: pivot search); also with read 1's
-    compaction (16 lanes), with its store (rows settled without read 2: paths + 4) and
-    with a store too small for any row (read 2 as without it); and nucleus first (top-p-alone
-    rows drawn among their candidates >= F only: path 7, or 3 past the capacity)."""
+    rows, including candidate overflow (cap 4: pivot search); also nucleus first
+    (top-p-alone rows drawn among their candidates >= F only: path 7, or 3 past the
+    capacity)."""
     args = _mixed_rows(2)
-    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store, nucleus_first=first)
+    got, paths = _run(device, *args, cap=cap, split=split, nucleus_first=first)
     assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
     assert ({0, 1, 7} if first else {0, 1, 2}) <= set(paths.tolist()), paths
     assert (7 in paths.tolist()) == first, paths
@@ -314,13 +311,11 @@ def test_rows_split_over_programs_sample_the_reference_tokens(device, split, cap
     lmp = torch.full((n,), NEG_INF)
     seeds, pos = torch.randint(0, 2**40, (n,), generator=g), torch.randint(0, 1000, (n,), generator=g)
     args = (logits, inv, k, p, lmp, seeds, pos)
-    got, paths = _run(device, *args, cap=cap, split=split, compact=compact, store=store, nucleus_first=first)
+    got, paths = _run(device, *args, cap=cap, split=split, nucleus_first=first)
     assert torch.equal(got, _reference(*args)), (got != _reference(*args)).nonzero().flatten().tolist()
     kinds = set(paths.tolist())
     if first:  # every row is top-p alone: none draws first; the flat rows overflow a capacity of 4
         assert 7 in kinds and kinds <= {3, 7} and (cap == 64 or 3 in kinds), paths
-    elif store == 2000:  # the store settles draws kept and redrawn (rows with more than cap tokens above the
-        assert {5, 6} <= kinds, paths  # draw, the flat ones, still take read 2)
     else:
         assert {1, 2} <= kinds and (cap == 64 or 3 in kinds) and max(kinds) < 4, paths
 
@@ -348,13 +343,11 @@ def test_nucleus_first_without_a_lane_floor(device):
     assert paths.tolist() == [7, 7, 7, 3, 3, 3], paths
 
 
-def test_compaction_without_split_and_a_store_without_compaction_are_rejected():
+def test_split_only_options_are_rejected_without_split():
     x = torch.zeros(2, 10)
-    with pytest.raises(ValueError, match="compact=8 / store=0 / nucleus_first=False need split > 1"):
-        sample_with_cuts_triton(x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
-                                torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9),
-                                torch.full((2,), NEG_INF), compact=8)
-    with pytest.raises(ValueError, match="store=64 needs compact > 0"):
-        sample_with_cuts_triton(x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
-                                torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9),
-                                torch.full((2,), NEG_INF), split=2, store=64)
+    args = (x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
+            torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9), torch.full((2,), NEG_INF))
+    with pytest.raises(ValueError, match="nucleus_first=True needs split > 1"):
+        sample_with_cuts_triton(*args, nucleus_first=True)
+    with pytest.raises(ValueError, match="marks .* need split > 1"):
+        sample_with_cuts_triton(*args, marks=[])

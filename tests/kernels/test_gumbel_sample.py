@@ -68,10 +68,9 @@ def test_kernel_matches_reference(device):
     seeds = torch.tensor([1, 2, 3, 2**40 + 7, 5, 2**62, -9, 4], dtype=torch.int64)
     pos = torch.tensor([0, 9, 100, 4, 77, 123456, 3, 2], dtype=torch.int64)
     want = _ref(logits, temp, seeds, pos)
-    for compact in (0, 8):  # compaction: the few tokens within G_MAX of the best, 8 lanes at a time
-        got = gumbel_sample_triton(logits.to(device), inverse_temperature(temp).to(device), seeds.to(device),
-                                   pos.to(device), block=64, compact=compact)
-        assert torch.equal(got.cpu(), want), compact
+    got = gumbel_sample_triton(logits.to(device), inverse_temperature(temp).to(device), seeds.to(device),
+                               pos.to(device), block=64)
+    assert torch.equal(got.cpu(), want)
     assert int(got[2]) < 10 and int(got[6]) == 0 and int(got[7]) in (22, 150)
     assert int(got[0]) == int(logits[0].argmax()) and int(got[4]) == 7
 
@@ -137,7 +136,6 @@ def test_noise_bound_never_skips_a_token_that_reaches_the_best(device):
 
 def test_skipping_draws_the_reference_tokens_on_long_rows(device):
     """Many tiles per row (block 64, vocab 5000), so most tiles and tokens are skipped
-    (with and without compaction):
     peaked and flat rows, huge logits, -inf stretches, a row whose best sits in the last
     tile, and exact ties of noisy values (identical columns are impossible, so ties come
     from -inf rows only): the tokens equal the reference's."""
@@ -153,10 +151,9 @@ def test_skipping_draws_the_reference_tokens_on_long_rows(device):
     seeds = torch.randint(0, 2**40, (n,), generator=g)
     pos = torch.randint(0, 1000, (n,), generator=g)
     want = _ref(logits, temp, seeds, pos)
-    for compact in (0, 8):  # compaction: the few tokens within G_MAX of the best, 8 lanes at a time
-        got = gumbel_sample_triton(logits.to(device), inverse_temperature(temp).to(device), seeds.to(device),
-                                   pos.to(device), block=64, compact=compact)
-        assert torch.equal(got.cpu(), want), compact
+    got = gumbel_sample_triton(logits.to(device), inverse_temperature(temp).to(device), seeds.to(device),
+                               pos.to(device), block=64)
+    assert torch.equal(got.cpu(), want)
     assert int(want[6]) >= vocab - 3 and int(want[5]) >= 4000 and int(want[9]) == 0
 
 
@@ -179,10 +176,9 @@ def test_rows_split_over_programs_draw_the_same_tokens(device):
     want = _ref(logits, temp, seeds, pos)
     thr = torch.full((n,), -2.0)
     want_thr = gumbel_sample_ref(logits, inv, seeds, pos, thr)
-    for split, compact in ((2, 0), (4, 0), (7, 0), (4, 16), (1, 4)):
-        got = gumbel_sample_triton(d(logits), d(inv), d(seeds), d(pos), block=64, split=split, compact=compact)
-        assert torch.equal(got.cpu(), want), (split, compact)
-        got = gumbel_sample_triton(d(logits), d(inv), d(seeds), d(pos), threshold=d(thr), block=64, split=split,
-                                   compact=compact)
-        assert torch.equal(got.cpu(), want_thr), (split, compact)
+    for split in (2, 4, 7):
+        got = gumbel_sample_triton(d(logits), d(inv), d(seeds), d(pos), block=64, split=split)
+        assert torch.equal(got.cpu(), want), split
+        got = gumbel_sample_triton(d(logits), d(inv), d(seeds), d(pos), threshold=d(thr), block=64, split=split)
+        assert torch.equal(got.cpu(), want_thr), split
     assert int(want[5]) == 0 and int(want[1]) >= 700 and int(want[2]) >= vocab - 2
