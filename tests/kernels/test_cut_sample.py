@@ -351,3 +351,36 @@ def test_split_only_options_are_rejected_without_split():
         sample_with_cuts_triton(*args, nucleus_first=True)
     with pytest.raises(ValueError, match="marks .* need split > 1"):
         sample_with_cuts_triton(*args, marks=[])
+
+
+def test_bench_times_every_split_launch(device, monkeypatch):
+    """The bench's per-launch breakdown (``marks``: CUDA events between the split sampler's
+    launches) names the five launches in order with a time each; on the CPU the events
+    are replaced by a counter (one unit per launch)."""
+    from core_runner.bench.sampler_bench import _launches
+    from core_runner.sample.metadata import SamplingMetadata
+
+    if device == "cpu":
+        clock = iter(range(1000))
+
+        class _Event:
+            def __init__(self, enable_timing=True):
+                pass
+
+            def record(self):
+                self.t = next(clock)
+
+            def elapsed_time(self, other):
+                return float(other.t - self.t)
+
+        monkeypatch.setattr(torch.cuda, "Event", _Event)
+    n = 3
+    d = lambda t: t.to(device)  # noqa: E731
+    m = SamplingMetadata(inv_temp=d(torch.ones(n)), seeds=d(torch.arange(n)), positions=d(torch.zeros(n).long()),
+                         any_random=True)
+    m.top_k, m.top_p = d(torch.full((n,), -1, dtype=torch.int32)), d(torch.full((n,), 0.9))
+    m.log_min_p = d(torch.full((n,), NEG_INF))
+    got = _launches(d(torch.randn(n, 300)), m, 2, split=2, block=64, num_warps=1, nucleus_first=True)
+    assert list(got) == ["read1", "decide", "read2", "finish", "finish_wide"], got
+    assert all(v > 0 for v in got.values()), got
+    assert _launches(d(torch.randn(n, 300)), m, 2, split=1, block=64) is None
