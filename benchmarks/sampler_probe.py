@@ -48,7 +48,7 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
         res = tok.to(tl.float32)
     elif (MODE == 4) | (MODE == 7):
         tok, a1, _a2, nf, z, tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True,
-                                              FAST_LOG, BLOCK, NT, 1, lo, draw=MODE != 7)
+                                              FAST_LOG, BLOCK, NT, 1, lo, DRAW=MODE != 7)
         res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
     else:
         lanes = tl.arange(0, BLOCK)

@@ -1,10 +1,10 @@
 """The fused cut sampler with each row spread over S programs (``split`` of
 ``sample_with_cuts_triton``): the same tokens as the one-program-per-row kernel of
 ``cut_sample_triton.py`` (whose docstring holds the definitions and the arguments), in
-five launches and no host read.
+five launches (six with nucleus first) and no host read.
 
-1. ``_read1_kernel`` (rows x S): every program draws over its part of the row (whole
-   tiles) and keeps the part's token, max, mass relative to it, finite count and tile
+1. ``_read1_kernel`` (rows x S; twice with nucleus first): every program draws over its
+   part of the row (whole tiles) and keeps the part's token, max, mass relative to it, finite count and tile
    maxima; the lanes' maxima of all parts meet in one [rows, BLOCK] buffer (atomic max:
    the parts are whole tiles, so a lane is the same column residue in every part).
 2. ``_decide_kernel`` (rows): the row's token from the parts' tokens, m, Z and the
@@ -72,27 +72,43 @@ def _send_to_read2(row_f_ptr, row_i_ptr, i, mode, m, z, lo, x_t):
 
 
 @triton.jit
+def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, n_parts,
+                n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, DRAW: tl.constexpr):
+    """Read 1 of program (i, s) on a sampled row: the part's token (DRAW) and statistics."""
+    t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
+                                          BLOCK, NTP, 1, lo, DRAW)
+    lanes = tl.arange(0, BLOCK)
+    tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
+    tiles = lo // BLOCK + tl.arange(0, NTP)
+    tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
+    tl.store(part_f_ptr + (i * n_parts + s) * 2, tl.max(a1, axis=0))
+    tl.store(part_f_ptr + (i * n_parts + s) * 2 + 1, z)
+    tl.store(part_nf_ptr + i * n_parts + s, nf)
+    tl.store(part_tok_ptr + i * n_parts + s, t.to(tl.int64))
+
+
+@triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
                   part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles,
-                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, NF: tl.constexpr):
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr):
+    """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
+    top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
+    ROWS 2 for the others (draw or argmax)."""
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
-    if inv_t > 0:
-        draw = True
-        if NF:  # nucleus first: a top-p-alone row draws only among the tokens >= F, after read 2
-            draw = ~_nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
-        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
-                                              BLOCK, NTP, 1, lo, draw)
-        lanes = tl.arange(0, BLOCK)
-        tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
-        tiles = lo // BLOCK + tl.arange(0, NTP)
-        tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
-        tl.store(part_f_ptr + (i * n_parts + s) * 2, tl.max(a1, axis=0))
-        tl.store(part_f_ptr + (i * n_parts + s) * 2 + 1, z)
-        tl.store(part_nf_ptr + i * n_parts + s, nf)
-    else:
-        t = argmax_pass(row, hi, BLOCK, 1, lo)
-    tl.store(part_tok_ptr + i * n_parts + s, t.to(tl.int64))
+    nucleus = False
+    if ROWS != 0:
+        nucleus = (inv_t > 0) & _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
+    if ROWS == 1:
+        if nucleus:
+            _read1_part(row, hi, inv_t, 0, 0, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
+                        n_parts, n_tiles, FAST_LOG, BLOCK, NTP, False)
+    elif not nucleus:
+        if inv_t > 0:
+            k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+            _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
+                        n_parts, n_tiles, FAST_LOG, BLOCK, NTP, True)
+        else:
+            tl.store(part_tok_ptr + i * n_parts + s, argmax_pass(row, hi, BLOCK, 1, lo).to(tl.int64))
 
 
 @triton.jit
@@ -295,10 +311,12 @@ def sample_with_cuts_split(
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
     _mark(marks, "start")
-    _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, vocab,
-                                part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, NF=nucleus_first,
-                                num_warps=num_warps)
-    _mark(marks, "read1")
+    read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")]
+    for rows, name in read1:
+        _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
+                                    vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
+                                    num_warps=num_warps)
+        _mark(marks, name)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
                          n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first, num_warps=row_warps)
     _mark(marks, "decide")

@@ -159,11 +159,11 @@ def _draw(x, h, idx, best, bidx, best_row, FAST_LOG: tl.constexpr):
 @triton.jit
 def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl.constexpr,
                 TOP2: tl.constexpr, ZSTATS: tl.constexpr, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                NT: tl.constexpr, NS: tl.constexpr, lo, draw=True):
+                NT: tl.constexpr, NS: tl.constexpr, lo, DRAW: tl.constexpr = True):
     """argmax over x = logit * inv_t (x >= thr when HAS_THR) of x + noise, one read of
     the columns [lo, vocab) (lo a multiple of BLOCK).
 
-    ``draw`` (a runtime flag) false: the statistics alone, no token hashed (the returned
+    DRAW false: the statistics alone, no token hashed, no draw code compiled (the returned
     token is then lo, meaningless).
 
     Returns (token, lane max of x, lane second max of x (TOP2), number of finite x, row
@@ -206,7 +206,7 @@ def gumbel_pass(row, vocab, inv_t, thr, k1, k2, HAS_THR: tl.constexpr, STATS: tl
         # noise never exceeds G_MAX (u <= U_MAX): a tile whose max is that far below the
         # best noisy value cannot win; else only tokens whose hash bounds their noise
         # high enough get the two logs
-        if draw:
+        if DRAW:
             if xm + _G_MAX >= best_row:
                 best, bidx, best_row = _draw(x, token_hash(hc, k1, k2), cols, best, bidx, best_row, FAST_LOG)
         hc += (BLOCK * 0x9E3779B1) & 0xFFFFFFFF

@@ -355,7 +355,7 @@ def test_split_only_options_are_rejected_without_split():
 
 def test_bench_times_every_split_launch(device, monkeypatch):
     """The bench's per-launch breakdown (``marks``: CUDA events between the split sampler's
-    launches) names the five launches in order with a time each; on the CPU the events
+    launches) names the six launches of nucleus first in order with a time each; on the CPU the events
     are replaced by a counter (one unit per launch)."""
     from core_runner.bench.sampler_bench import _launches
     from core_runner.sample.metadata import SamplingMetadata
@@ -381,6 +381,6 @@ def test_bench_times_every_split_launch(device, monkeypatch):
     m.top_k, m.top_p = d(torch.full((n,), -1, dtype=torch.int32)), d(torch.full((n,), 0.9))
     m.log_min_p = d(torch.full((n,), NEG_INF))
     got = _launches(d(torch.randn(n, 300)), m, 2, split=2, block=64, num_warps=1, nucleus_first=True)
-    assert list(got) == ["read1", "decide", "read2", "finish", "finish_wide"], got
+    assert list(got) == ["read1", "read1_draw", "decide", "read2", "finish", "finish_wide"], got
     assert all(v > 0 for v in got.values()), got
     assert _launches(d(torch.randn(n, 300)), m, 2, split=1, block=64) is None
