@@ -4,9 +4,10 @@
 five launches (six with nucleus first) and no host read.
 
 1. ``_read1_kernel`` (rows x S; twice with nucleus first): every program draws over its
-   part of the row (whole tiles) and keeps the part's token, max, mass relative to it, finite count and tile
-   maxima; the lanes' maxima of all parts meet in one [rows, BLOCK] buffer (atomic max:
-   the parts are whole tiles, so a lane is the same column residue in every part).
+   part of the row (whole tiles) and keeps the part's token, max, mass relative to it,
+   finite count and tile maxima; the lanes' maxima of all parts meet in one [rows, BLOCK]
+   buffer (atomic max: the parts are whole tiles, so a lane is the same column residue in
+   every part).
 2. ``_decide_kernel`` (rows): the row's token from the parts' tokens, m, Z and the
    finite count. Greedy, no cut, or a draw on the row max: done. Top-p alone: the lane
    floor F and the value read 2 must pass (x_t, or the float under F when x_t < F: then
@@ -17,8 +18,8 @@ five launches (six with nucleus first) and no host read.
    Tiles under lo are not read: a far draw costs only the tiles above the floor, and a
    row's tiles are read by S programs at once.
 4. ``_finish_kernel`` (rows, twice: the narrow launch settles the rows with at most 256
-   candidates, the wide one the rest, so the common rows do not pay the registers of
-   the CAP-wide sort and the search): A (the parts' sums, in part order) < p Z keeps the draw;
+   candidates, the wide one the rest, so the common rows do not pay the registers of the
+   CAP-wide sort and the search): A (the parts' sums, in part order) < p Z keeps the draw;
    else the candidates give the threshold and the redraw, or, past the capacity, the exact
    pivot search. Rows with top-k or min-p take the one-program path (``_cut_row``) here,
    with the merged lane maxima (their second maxima are not kept, which only loosens the
@@ -29,11 +30,12 @@ bound cannot rule out, which makes that pass compute-bound (1.5 reads where a ba
 costs 1.0). A row with top-p alone (top-k <= 0, no min-p) needs the draw only inside its
 nucleus S = {x >= v_p}: the answer is argmax over S of x + g whatever the draw was. So
 its read 1 keeps the statistics alone (lane maxima, tile maxima, Z, finite count; no
-hash), step 2 reads the floor F <= v_p off the lane maxima and sends every such row to
-read 2 for the tokens >= F, and step 4 computes v_p from those candidates and draws
-among the ones >= v_p (path 7; more than CAP candidates: the pivot search, path 3).
-Read 2 touches only the tiles whose max is >= F: on peaked rows a handful. Other rows of
-the batch draw in read 1 as before.
+hash) in a launch of its own, compiled without the draw (96 registers against 220 on
+sm90; a second read-1 launch draws the batch's other rows). Step 2 reads the floor
+F <= v_p off the lane maxima and sends every such row to read 2 for the tokens >= F, and
+step 4 computes v_p from those candidates and draws among the ones >= v_p (path 7; more
+than CAP candidates: the pivot search, path 3). Read 2 touches only the tiles whose max
+is >= F: on peaked rows a handful. Other rows of the batch draw in read 1 as before.
 """
 from __future__ import annotations
 
