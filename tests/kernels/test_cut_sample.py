@@ -382,5 +382,5 @@ def test_bench_times_every_split_launch(device, monkeypatch):
     m.log_min_p = d(torch.full((n,), NEG_INF))
     got = _launches(d(torch.randn(n, 300)), m, 2, split=2, block=64, num_warps=1, nucleus_first=True)
     assert list(got) == ["read1", "read1_draw", "decide", "read2", "finish", "finish_wide"], got
-    assert all(v > 0 for v in got.values()), got
+    assert all(v >= 0 for v in got.values()) and sum(got.values()) > 0, got  # (a launch can take < 1 us)
     assert _launches(d(torch.randn(n, 300)), m, 2, split=1, block=64) is None
