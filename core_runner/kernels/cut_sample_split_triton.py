@@ -140,8 +140,8 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
             if (not topk_on) & (lmp == -float("inf")):  # top-p alone
                 path = 1
                 first = tl.zeros([], tl.int1)
-                if NF:
-                    first = k <= 0  # read 1 did not draw (``_nucleus_first_row``)
+                if NF:  # read 1 did not draw: the same test as its own
+                    first = _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
                 if first:
                     path = 7
                     a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
