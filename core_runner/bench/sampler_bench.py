@@ -24,7 +24,7 @@ from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import Sampler
 
 # the path codes of ``sample_with_cuts_triton``
-PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 7: "nucleus first"}
+PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 7: "nucleus first", 8: "lane lists"}
 
 
 def _sync(device: torch.device) -> None:
@@ -178,38 +178,51 @@ def _launches(logits: torch.Tensor, m: SamplingMetadata, iters: int, **shape) ->
     return out
 
 
-def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata) -> dict[str, int]:
-    """How the fused cut kernel settled the rows of the top-p case: rows per path
-    (``sample_with_cuts_triton``'s codes, named)."""
+def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata, **shape) -> dict[str, int]:
+    """How the fused cut kernel settled the rows of the top-p case (CUT_SHAPE, or
+    ``shape``): rows per path (``sample_with_cuts_triton``'s codes, named)."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
-
     from core_runner.sample.sampler import CUT_SHAPE
 
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
     sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, paths=paths,
-                            **CUT_SHAPE)
+                            **(shape or CUT_SHAPE))
     counts = torch.bincount(paths.long(), minlength=len(PATH_NAMES)).tolist()
     return {PATH_NAMES.get(code, str(code)): c for code, c in enumerate(counts) if c}
 
 
+SWEEP_SHAPES = (
+    dict(split=8, block=512, num_warps=1, nucleus_first=True, cap=4096, lists=3, list_slots=256),
+    dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256),
+    dict(split=8, block=512, num_warps=1, nucleus_first=True, cap=4096, lists=2, list_slots=64),
+    dict(split=8, block=1024, num_warps=4, nucleus_first=True, cap=4096, lists=3, list_slots=512),
+)
+
+
 def _tile_sweep(logits, top_p_meta, dev, iters, warmup) -> dict:
     """The cut sampler on the top-p case at other launch shapes (each row over ``split``
-    programs of ``num_warps`` warps, tiles of ``block``; nucleus first or not), each with
-    its per-launch breakdown: which shape the defaults should take."""
+    programs of ``num_warps`` warps, tiles of ``block``; nucleus first, lane lists), each
+    with its per-launch breakdown, rows per path and rows off the torch reference: which
+    shape the defaults should take."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+    from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
+    from core_runner.sample.sampler import gumbel_sample_ref
 
     m = top_p_meta
+    want = gumbel_sample_ref(logits, m.inv_temp, m.seeds, m.positions,
+                             top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p))
     out = {}
-    for shape in (dict(split=8, block=512, num_warps=1, nucleus_first=True, cap=4096),
-                  dict(split=8, block=1024, num_warps=4, nucleus_first=True, cap=4096)):
+    for shape in SWEEP_SHAPES:
         cut = lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,  # noqa: E731
                                               m.log_min_p, **shape)
         key = "top_p_s{split}_b{block}_w{num_warps}_cap{cap}".format(**shape)
-        key += "_nf" if shape["nucleus_first"] else ""
+        key += "_nf" if shape.get("nucleus_first") else ""
+        key += "_L{lists}x{list_slots}".format(**shape) if shape.get("lists") else ""
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
         launches = _launches(logits, m, iters, **shape)
-        print(f"  {key}: {out[key]:.3f} ms; launches " + ", ".join(f"{k} {v:.3f}" for k, v in launches.items()),
-              flush=True)
+        off = int((cut() != want).sum())
+        print(f"  {key}: {out[key]:.3f} ms; launches " + ", ".join(f"{k} {v:.3f}" for k, v in launches.items())
+              + f"; paths {_top_p_paths(logits, m, **shape)}; rows off the reference {off}", flush=True)
     return out
 
 

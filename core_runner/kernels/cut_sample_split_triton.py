@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
+from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
 from core_runner.kernels.gumbel_sample import (
     argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
 )
@@ -90,9 +91,29 @@ def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part
 
 
 @triton.jit
+def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr,
+                      li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr, DEPTH: tl.constexpr,
+                      LIST: tl.constexpr):
+    """Read 1 of program (i, s) on a nucleus-first row with lane lists: the statistics of
+    ``_read1_part`` (no draw) and the part's list (``lane_lists_triton``)."""
+    a1, i1, a2, i2, bound, nf, zm, z, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH)
+    at = (i * n_parts + s).to(tl.int64)
+    store_lane_list(a1, i1, a2, i2, bound, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at, lb_ptr + at,
+                    DEPTH, LIST)
+    tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), a1)
+    tiles = lo // BLOCK + tl.arange(0, NTP)
+    tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
+    tl.store(part_f_ptr + at * 2, zm)
+    tl.store(part_f_ptr + at * 2 + 1, z)
+    tl.store(part_nf_ptr + at, nf)
+    tl.store(part_tok_ptr + at, lo.to(tl.int64))  # (no draw: a valid column for the decide's combine)
+
+
+@triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
-                  part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, vocab, part, n_parts, n_tiles,
-                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr):
+                  part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, vocab, part, n_parts,
+                  n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
+                  DEPTH: tl.constexpr, LIST: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
     ROWS 2 for the others (draw or argmax)."""
@@ -102,8 +123,12 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
         nucleus = (inv_t > 0) & _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
     if ROWS == 1:
         if nucleus:
-            _read1_part(row, hi, inv_t, 0, 0, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
-                        n_parts, n_tiles, FAST_LOG, BLOCK, NTP, False)
+            if DEPTH > 0:
+                _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
+                                  lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK, NTP, DEPTH, LIST)
+            else:
+                _read1_part(row, hi, inv_t, 0, 0, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
+                            n_parts, n_tiles, FAST_LOG, BLOCK, NTP, False)
     elif not nucleus:
         if inv_t > 0:
             k1, k2 = row_keys(seed_ptr, pos_ptr, i)
@@ -115,8 +140,9 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
 
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                   part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, n_parts,
-                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, NF: tl.constexpr):
+                   part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
+                   ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
+                   NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
@@ -142,7 +168,18 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 first = tl.zeros([], tl.int1)
                 if NF:  # read 1 did not draw: the same test as its own
                     first = _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
-                if first:
+                settled = tl.zeros([], tl.int1)
+                if DEPTH > 0:
+                    if first:  # the lane lists may hold the nucleus: no read 2
+                        at = (i * n_parts).to(tl.int64)
+                        tok, settled = nucleus_from_lists(lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
+                                                          lb_ptr + at, n_parts, m, z, p, k1, k2, FAST_LOG, P, LIST)
+                        if settled:
+                            t = tok
+                            path = 8
+                if settled:
+                    pass
+                elif first:
                     path = 7
                     a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
                     floor = lane_floor(a1, m, p * z, BLOCK)
@@ -282,12 +319,21 @@ def sample_with_cuts_split(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
-    nucleus_first: bool = False, marks: list | None = None,
+    nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
 ) -> torch.Tensor:
     """The five launches (module docstring) for contiguous [n, V] logits, n > 0;
-    ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring).
+    ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring); with
+    ``lists`` (2 or 3, the lane depth; 0 off) their read 1 also keeps lane lists of
+    ``list_slots`` (a power of 2) entries per part, which settle most of them in the
+    decide launch (``lane_lists_triton``).
     ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
     launch, behind a ("start", event) pair, for a per-launch time breakdown."""
+    if lists not in (0, 2, 3):
+        raise ValueError(f"lists={lists}: the lane depth is 2 or 3 (0: no lists)")
+    if lists and not nucleus_first:
+        raise ValueError(f"lists={lists} needs nucleus_first=True (the lists replace the draw of read 1)")
+    if list_slots < 1 or list_slots & (list_slots - 1):
+        raise ValueError(f"list_slots={list_slots} must be a power of 2")
     n, vocab = logits.shape
     dev = logits.device
     n_tiles = triton.cdiv(vocab, block)
@@ -309,6 +355,11 @@ def sample_with_cuts_split(
     n_c = torch.zeros(n, dtype=torch.int32, device=dev)  # candidates (read 2)
     cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
     cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
+    list_slots = list_slots if lists else 1
+    lx = torch.empty((n, n_parts, list_slots) if lists else (1,), dtype=torch.float32, device=dev)
+    li = torch.empty((n, n_parts, list_slots) if lists else (1,), dtype=torch.int32, device=dev)
+    ln = torch.empty((n, n_parts) if lists else (1,), dtype=torch.int32, device=dev)
+    lb = torch.empty((n, n_parts) if lists else (1,), dtype=torch.float32, device=dev)
     fast_log = use_fast_log(dev)
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
@@ -316,11 +367,13 @@ def sample_with_cuts_split(
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")]
     for rows, name in read1:
         _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
-                                    vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
+                                    lx, li, ln, lb, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
+                                    NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots,
                                     num_warps=num_warps)
         _mark(marks, name)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                         n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first, num_warps=row_warps)
+                         lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists,
+                         LIST=list_slots, num_warps=row_warps)
     _mark(marks, "decide")
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)

@@ -384,7 +384,7 @@ def sample_with_cuts_triton(
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor | None = None,
     block: int = 2048, cap: int = 1024, search_block: int = 64, num_pivots: int = 16, num_warps: int = 8,
     paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1, split: int = 1,
-    nucleus_first: bool = False, marks: list | None = None,
+    nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
 ) -> torch.Tensor:
     """[n, V] logits -> [n] int64 tokens: the token of ``gumbel_sample_ref`` under the
     threshold of ``top_k_top_p_threshold_ref`` (same inputs), without computing it.
@@ -393,11 +393,12 @@ def sample_with_cuts_triton(
     ``paths`` ([n] int32, optional) receives how each row was decided: 0 greedy or no
     cut, 1 unrestricted draw kept, 2 redrawn without a search (candidates, or the min-p
     mask), 3 pivot search; 7 top-p alone drawn among the candidates >= F without a first
-    draw (split with ``nucleus_first``).
+    draw (split with ``nucleus_first``), 8 the same drawn from read 1's lane lists (``lists``).
     ``split`` > 1 spreads every row over that many programs
     (``cut_sample_split_triton``: five launches, the same tokens); there
     ``nucleus_first`` draws a top-p-alone row only among its nucleus candidates (read 1
-    without hashing). ``marks``: per-launch CUDA events of the split kernels
+    without hashing; ``lists`` 2 or 3: with lane lists, ``lane_lists_triton``). ``marks``:
+    per-launch CUDA events of the split kernels
     (``sample_with_cuts_split``)."""
     n, vocab = logits.shape
     if logits.stride(1) != 1:
@@ -413,12 +414,12 @@ def sample_with_cuts_triton(
 
             return sample_with_cuts_split(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, out, paths,
                                           split, block, cap, search_block, num_pivots, num_warps, nucleus_first,
-                                          marks)
+                                          marks, lists, list_slots)
         if marks is not None:
             raise ValueError(f"marks (per-launch events) need split > 1 (one launch here); got split={split}")
-        if nucleus_first:
-            raise ValueError(f"nucleus_first={nucleus_first} needs split > 1 (the split kernels have it); "
-                             f"got split={split}")
+        if nucleus_first or lists:
+            raise ValueError(f"nucleus_first={nucleus_first}, lists={lists} need split > 1 (the split kernels "
+                             f"have them); got split={split}")
         cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
         cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
         _cut_sample_kernel[(n,)](

@@ -20,11 +20,11 @@ def _reference(logits, inv, k, p, lmp, seeds, pos):
     return gumbel_sample_ref(logits, inv, seeds, pos, thr)
 
 
-def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, nucleus_first=False):
+def _run(device, logits, inv, k, p, lmp, seeds, pos, cap=64, split=1, nucleus_first=False, **kw):
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=device)
     got = sample_with_cuts_triton(*(t.to(device) for t in (logits, inv, seeds, pos, k, p, lmp)), block=64, cap=cap,
                                   search_block=32, paths=paths, split=split,
-                                  nucleus_first=nucleus_first)
+                                  nucleus_first=nucleus_first, **kw)
     return got.cpu(), paths.cpu()
 
 
@@ -347,8 +347,10 @@ def test_split_only_options_are_rejected_without_split():
     x = torch.zeros(2, 10)
     args = (x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
             torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9), torch.full((2,), NEG_INF))
-    with pytest.raises(ValueError, match="nucleus_first=True needs split > 1"):
+    with pytest.raises(ValueError, match="nucleus_first=True, lists=0 need split > 1"):
         sample_with_cuts_triton(*args, nucleus_first=True)
+    with pytest.raises(ValueError, match="nucleus_first=False, lists=2 need split > 1"):
+        sample_with_cuts_triton(*args, lists=2)
     with pytest.raises(ValueError, match="marks .* need split > 1"):
         sample_with_cuts_triton(*args, marks=[])
 
@@ -384,3 +386,48 @@ def test_bench_times_every_split_launch(device, monkeypatch):
     assert list(got) == ["read1", "read1_draw", "decide", "read2", "finish", "finish_wide"], got
     assert all(v >= 0 for v in got.values()) and sum(got.values()) > 0, got  # (a launch can take < 1 us)
     assert _launches(d(torch.randn(n, 300)), m, 2, split=1, block=64) is None
+
+
+def _long_top_p_rows(seed, n=12, vocab=2000):
+    """Top-p-alone rows from peaked to flat (the flat ones have nuclei of hundreds of
+    tokens), tied values across lanes, a -inf tail."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=g) * torch.tensor([0.3, 1.0, 3.0, 6.0, 12.0, 25.0]).repeat(2)[:, None]
+    logits[3] = logits[3].round()  # ties, also at the lists' bounds
+    logits[4, :1500] = NEG_INF
+    logits[7, [10, 74, 138, 202, 266]] = 40.0  # five tied maxima in one lane
+    inv = 1 / (torch.rand(n, generator=g) * 1.5 + 0.3)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.rand(n, generator=g) * 0.9 + 0.05
+    lmp = torch.full((n,), NEG_INF)
+    seeds, pos = torch.randint(0, 2**40, (n,), generator=g), torch.randint(0, 1000, (n,), generator=g)
+    return logits, inv, k, p, lmp, seeds, pos
+
+
+@pytest.mark.parametrize("depth, slots", [(2, 16), (2, 64), (3, 64), (3, 4)])
+def test_lane_lists_settle_the_nucleus_in_the_decide(device, depth, slots):
+    """Nucleus first with lane lists (``lane_lists_triton``): rows whose lists hold the
+    nucleus are drawn in the decide launch (path 8); the others (flat rows, five tied
+    maxima in one lane, lists past their slots: 4 slots overflow on every row) go on to
+    the lane floor and read 2 (7, or 3 past the capacity). Every token is the
+    reference's, also on the mixed set (other cuts, greedy rows, ties, -inf tails)."""
+    long_rows = _long_top_p_rows(8)
+    for args in (long_rows, _mixed_rows(2)):
+        got, paths = _run(device, *args, cap=64, split=3, nucleus_first=True, lists=depth, list_slots=slots)
+        want = _reference(*args)
+        assert torch.equal(got, want), (got != want).nonzero().flatten().tolist()
+    paths = _run(device, *long_rows, cap=64, split=3, nucleus_first=True, lists=depth, list_slots=slots)[1].tolist()
+    assert paths[0] == paths[7] == 3 and set(paths) <= {3, 7, 8}, paths  # flattest row; the tied lane
+    assert (8 in paths) == (slots > 4), paths
+
+
+def test_lane_lists_options_are_checked():
+    x = torch.zeros(2, 100)
+    args = (x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
+            torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9), torch.full((2,), NEG_INF))
+    with pytest.raises(ValueError, match="lists=4: the lane depth is 2 or 3"):
+        sample_with_cuts_triton(*args, split=2, block=16, nucleus_first=True, lists=4)
+    with pytest.raises(ValueError, match="lists=2 needs nucleus_first=True"):
+        sample_with_cuts_triton(*args, split=2, block=16, lists=2)
+    with pytest.raises(ValueError, match="list_slots=24 must be a power of 2"):
+        sample_with_cuts_triton(*args, split=2, block=16, nucleus_first=True, lists=2, list_slots=24)
