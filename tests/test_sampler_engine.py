@@ -265,18 +265,21 @@ def test_reused_row_forgets_every_setting(untied):
     assert z.logprobs is None and z.prompt_logprobs is None and z.stop_reason is None
 
 
-@pytest.mark.parametrize("other, top_p_only", [(dict(top_p=0.5), True), (dict(top_k=5), False),
-                                               (dict(min_p=0.1), False), (dict(temperature=0.0, top_k=5), True)])
-def test_metadata_says_when_every_cut_is_top_p_alone(untied, monkeypatch, other, top_p_only):
+@pytest.mark.parametrize("other, top_p_only, all_top_p", [
+    (dict(top_p=0.5), True, True), (dict(top_k=5), False, False), (dict(min_p=0.1), False, False),
+    (dict(temperature=0.0, top_k=5), True, False), (dict(), True, False)])
+def test_metadata_says_when_every_cut_is_top_p_alone(untied, monkeypatch, other, top_p_only, all_top_p):
     """``top_p_only`` (the Sampler's choice of the split cut kernel) holds exactly when no
-    sampled row of the batch cuts with top-k or min-p (a greedy row's settings do not count)."""
+    sampled row of the batch cuts with top-k or min-p (a greedy row's settings do not count);
+    ``all_top_p`` (the cut kernel leaves out the other rows' draw) when moreover every row
+    is sampled with top-p (not a greedy row, not a row without a cut)."""
     from core_runner.sample.sampler import Sampler
 
     seen = []
     cut = Sampler._cut_sample
 
     def spy(self, work, meta):
-        seen.append(meta.top_p_only)
+        seen.append((meta.top_p_only, meta.all_top_p))
         return cut(self, work, meta)
 
     monkeypatch.setattr(Sampler, "_cut_sample", spy)
@@ -284,4 +287,4 @@ def test_metadata_says_when_every_cut_is_top_p_alone(untied, monkeypatch, other,
     a, b = random_prompts([6, 7], seed=91)
     run(e, [("A", a, SamplingParams(max_tokens=3, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)),
             ("B", b, SamplingParams(max_tokens=3, seed=2, ignore_eos=True, **{"temperature": 0.8, **other}))])
-    assert seen and all(s == top_p_only for s in seen), seen
+    assert seen and all(s == (top_p_only, all_top_p) for s in seen), seen

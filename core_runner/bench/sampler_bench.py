@@ -97,6 +97,7 @@ def run_sampler_bench(
             m.top_p = torch.full((batch,), p, device=dev)
             m.log_min_p = torch.full((batch,), min_p, device=dev).log()
             m.top_p_only = k <= 0 and min_p == 0.0
+            m.all_top_p = m.top_p_only and p < 1.0
         return m
 
     top_p_meta, temp_meta = meta(top_p), meta(1.0)
@@ -192,10 +193,12 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata, **shape) -> dict[str
 
 
 SWEEP_SHAPES = (
-    dict(split=8, block=512, num_warps=1, nucleus_first=True, cap=4096, lists=3, list_slots=256),
-    dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256),
-    dict(split=8, block=512, num_warps=1, nucleus_first=True, cap=4096, lists=2, list_slots=64),
-    dict(split=8, block=1024, num_warps=4, nucleus_first=True, cap=4096, lists=3, list_slots=512),
+    dict(split=8, block=1024, num_warps=4, nucleus_first=True, cap=4096, lists=3, list_slots=512, tile_max=False,
+         all_top_p=True),
+    dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256, tile_max=True,
+         all_top_p=True),
+    dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256, tile_max=False,
+         all_top_p=True),
 )
 
 
@@ -218,6 +221,7 @@ def _tile_sweep(logits, top_p_meta, dev, iters, warmup) -> dict:
         key = "top_p_s{split}_b{block}_w{num_warps}_cap{cap}".format(**shape)
         key += "_nf" if shape.get("nucleus_first") else ""
         key += "_L{lists}x{list_slots}".format(**shape) if shape.get("lists") else ""
+        key += "_nt" if shape.get("tile_max") is False else ""
         out[key] = 1e3 * _time(cut, dev, iters, warmup)
         launches = _launches(logits, m, iters, **shape)
         off = int((cut() != want).sum())

@@ -92,11 +92,11 @@ def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part
 
 @triton.jit
 def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr,
-                      li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr, DEPTH: tl.constexpr,
-                      LIST: tl.constexpr):
+                      li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr,
+                      DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr):
     """Read 1 of program (i, s) on a nucleus-first row with lane lists: the statistics of
     ``_read1_part`` (no draw) and the part's list (``lane_lists_triton``)."""
-    a1, i1, a2, i2, bound, nf, zm, z, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH)
+    a1, i1, a2, i2, bound, nf, zm, z, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX)
     at = (i * n_parts + s).to(tl.int64)
     store_lane_list(a1, i1, a2, i2, bound, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at, lb_ptr + at,
                     DEPTH, LIST)
@@ -113,10 +113,12 @@ def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_n
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
                   part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, vocab, part, n_parts,
                   n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
-                  DEPTH: tl.constexpr, LIST: tl.constexpr):
+                  DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ALL: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
-    ROWS 2 for the others (draw or argmax)."""
+    ROWS 2 for the others (draw or argmax). ALL (the caller's promise that every row is
+    top-p alone): ROWS 1 only; a row that breaks it gets a valid part token here and
+    token -1 (path 9) in the decide launch."""
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     nucleus = False
     if ROWS != 0:
@@ -125,10 +127,12 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
         if nucleus:
             if DEPTH > 0:
                 _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
-                                  lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK, NTP, DEPTH, LIST)
+                                  lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK, NTP, DEPTH, LIST, TMAX)
             else:
                 _read1_part(row, hi, inv_t, 0, 0, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
                             n_parts, n_tiles, FAST_LOG, BLOCK, NTP, False)
+        elif ALL:
+            tl.store(part_tok_ptr + i * n_parts + s, lo.to(tl.int64))
     elif not nucleus:
         if inv_t > 0:
             k1, k2 = row_keys(seed_ptr, pos_ptr, i)
@@ -141,8 +145,9 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
-                   ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
-                   NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr):
+                   ln_ptr, lb_ptr, cx_ptr, ci_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
+                   P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, CAP: tl.constexpr,
+                   ALL: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
@@ -173,7 +178,9 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     if first:  # the lane lists may hold the nucleus: no read 2
                         at = (i * n_parts).to(tl.int64)
                         tok, settled = nucleus_from_lists(lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
-                                                          lb_ptr + at, n_parts, m, z, p, k1, k2, FAST_LOG, P, LIST)
+                                                          lb_ptr + at, cx_ptr + i.to(tl.int64) * CAP,
+                                                          ci_ptr + i.to(tl.int64) * CAP, n_parts, m, z, p, k1, k2,
+                                                          FAST_LOG, P, LIST)
                         if settled:
                             t = tok
                             path = 8
@@ -206,6 +213,11 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
             else:
                 state = _ONE_PROGRAM
         tl.store(row_i_ptr + i * 4 + 1, n_fin)
+    if ALL:  # a row that breaks the promise had no draw: token -1 (path 9), not a wrong token
+        if (inv_t <= 0) | (not _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)):
+            state = _DONE
+            path = 9
+            t = tl.full([], -1, tl.int64)
     tl.store(row_i_ptr + i * 4, state)
     tl.store(row_i_ptr + i * 4 + 2, path)
     tl.store(out_ptr + i, t)
@@ -320,16 +332,23 @@ def sample_with_cuts_split(
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
+    tile_max: bool = True, all_top_p: bool = False,
 ) -> torch.Tensor:
     """The five launches (module docstring) for contiguous [n, V] logits, n > 0;
     ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring); with
     ``lists`` (2 or 3, the lane depth; 0 off) their read 1 also keeps lane lists of
     ``list_slots`` (a power of 2) entries per part, which settle most of them in the
-    decide launch (``lane_lists_triton``).
+    decide launch (``lane_lists_triton``); ``tile_max`` false: their read 1 keeps no tile
+    maxima (no reduction in its loop), and read 2 visits every tile of a row the lists
+    did not settle. ``all_top_p`` (with ``nucleus_first``): the caller knows that every row
+    is sampled (temperature > 0) with top-p alone, so the launch of read 1 for the other
+    rows is left out; a row that is not gets token -1 and path 9.
     ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
     launch, behind a ("start", event) pair, for a per-launch time breakdown."""
     if lists not in (0, 2, 3):
         raise ValueError(f"lists={lists}: the lane depth is 2 or 3 (0: no lists)")
+    if all_top_p and not nucleus_first:
+        raise ValueError("all_top_p=True needs nucleus_first=True (it leaves out the draw of the other rows)")
     if lists and not nucleus_first:
         raise ValueError(f"lists={lists} needs nucleus_first=True (the lists replace the draw of read 1)")
     if list_slots < 1 or list_slots & (list_slots - 1):
@@ -342,6 +361,9 @@ def sample_with_cuts_split(
     n_parts = triton.cdiv(vocab, part)
     ntp = triton.next_power_of_2(part // block)
     pp = triton.next_power_of_2(max(n_parts, 2))
+    if lists and cap < pp * list_slots // 2:
+        raise ValueError(f"cap={cap} < {pp * list_slots // 2} (half the lane lists' width, {pp} parts x "
+                         f"list_slots={list_slots}): the decide gathers the listed entries into the candidate slots")
     inv, sd, pos = inv_temp.float().contiguous(), seeds.contiguous(), positions.contiguous()
     k, p, lmp = top_k.to(torch.int32).contiguous(), top_p.float().contiguous(), log_min_p.float().contiguous()
     part_tok = torch.empty((n, n_parts), dtype=torch.int64, device=dev)
@@ -364,16 +386,17 @@ def sample_with_cuts_split(
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
     _mark(marks, "start")
-    read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")]
+    read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
     for rows, name in read1:
         _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
                                     lx, li, ln, lb, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
                                     NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots,
-                                    num_warps=num_warps)
+                                    TMAX=tile_max or not lists, ALL=all_top_p, num_warps=num_warps)
         _mark(marks, name)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                         lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists,
-                         LIST=list_slots, num_warps=row_warps)
+                         lx, li, ln, lb, cand_x, cand_i, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp,
+                         NF=nucleus_first, DEPTH=lists, LIST=list_slots, CAP=cap, ALL=all_top_p,
+                         num_warps=max(row_warps, min(16, pp * list_slots // 512)))  # (lists: 8 values a thread)
     _mark(marks, "decide")
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)

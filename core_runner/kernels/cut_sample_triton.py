@@ -385,6 +385,7 @@ def sample_with_cuts_triton(
     block: int = 2048, cap: int = 1024, search_block: int = 64, num_pivots: int = 16, num_warps: int = 8,
     paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1, split: int = 1,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
+    tile_max: bool = True, all_top_p: bool = False,
 ) -> torch.Tensor:
     """[n, V] logits -> [n] int64 tokens: the token of ``gumbel_sample_ref`` under the
     threshold of ``top_k_top_p_threshold_ref`` (same inputs), without computing it.
@@ -393,7 +394,8 @@ def sample_with_cuts_triton(
     ``paths`` ([n] int32, optional) receives how each row was decided: 0 greedy or no
     cut, 1 unrestricted draw kept, 2 redrawn without a search (candidates, or the min-p
     mask), 3 pivot search; 7 top-p alone drawn among the candidates >= F without a first
-    draw (split with ``nucleus_first``), 8 the same drawn from read 1's lane lists (``lists``).
+    draw (split with ``nucleus_first``), 8 the same drawn from read 1's lane lists (``lists``),
+    9 a row that breaks the ``all_top_p`` promise (token -1).
     ``split`` > 1 spreads every row over that many programs
     (``cut_sample_split_triton``: five launches, the same tokens); there
     ``nucleus_first`` draws a top-p-alone row only among its nucleus candidates (read 1
@@ -414,11 +416,11 @@ def sample_with_cuts_triton(
 
             return sample_with_cuts_split(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, out, paths,
                                           split, block, cap, search_block, num_pivots, num_warps, nucleus_first,
-                                          marks, lists, list_slots)
+                                          marks, lists, list_slots, tile_max, all_top_p)
         if marks is not None:
             raise ValueError(f"marks (per-launch events) need split > 1 (one launch here); got split={split}")
-        if nucleus_first or lists:
-            raise ValueError(f"nucleus_first={nucleus_first}, lists={lists} need split > 1 (the split kernels "
+        if nucleus_first or lists or all_top_p:
+            raise ValueError(f"nucleus_first={nucleus_first}, lists={lists}, all_top_p={all_top_p} need split > 1 (the split kernels "
                              f"have them); got split={split}")
         cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
         cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)

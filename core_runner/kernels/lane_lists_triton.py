@@ -14,14 +14,20 @@ The decide launch takes T = the largest bound of the row's parts: the lists' ent
 are all the row's tokens > T. When their mass reaches p Z (and no part overflowed) the
 nucleus {x >= v_p} lies among them: v_p = the largest listed value v with
 mass{x >= v} >= p Z (a bisection on the float key), and the token is argmax of x + g
-over the listed entries >= v_p, the draw of the reference. Otherwise the row goes on to
+over the listed entries >= v_p, the draw of the reference (on the entries > T gathered
+into a quarter or half of the lists' width when they fit: fewer lanes per bisection
+step). Otherwise the row goes on to
 the lane floor and read 2 (``cut_sample_split_triton``).
 
 How far the lists reach: random logits (N(0, 4^2) / 0.7, vocab 151,936, 8 x 512 lanes)
 have nuclei of 31 (median) to ~160 tokens at p = 0.9; DEPTH 2 knows the top ~76 tokens
 (median; the first two tokens sharing a lane), DEPTH 3 the top ~440 (the first three),
-with ~110 (at most ~240) entries per part. Cost per token: DEPTH 2 adds three float ops
-and one select to the statistics, DEPTH 3 about ten.
+with ~110 (at most ~240) entries per part. The pass keeps everything per lane (Z too:
+an online sum per lane), so its loop has no reduction across lanes; session 6 measured
+0.31-0.43 ms for a first version that reduced every tile (tile max, Z) as read 1 did.
+
+The finite count of these rows is the number of lanes holding a finite value: it is
+only used for top-k (off here) and to tell a row of -inf (0).
 """
 from __future__ import annotations
 
@@ -33,47 +39,59 @@ from core_runner.kernels.top_k_top_p_triton import _key, _value
 
 
 @triton.jit
-def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr):
+def _lane_update(x, cols, a1, i1, a2, i2, a3, zl, DEPTH: tl.constexpr):
+    """One tile into the lanes' top entries and their mass zl = sum exp(x - a1) (online
+    per lane: no reduction across lanes, so no barrier in the loop)."""
+    take1 = x > a1
+    # exp(-|x - a1|) (0 for x = -inf): the new token's weight, or the rescale of the old sum
+    e = tl.where(x > -float("inf"),
+                 tl.math.exp2((tl.minimum(x, a1) - tl.maximum(x, a1)) * 1.4426950408889634), 0.0)
+    zl = tl.where(take1, zl * e + 1.0, zl + e)
+    if DEPTH == 3:
+        a3 = tl.maximum(a3, tl.minimum(a2, x))
+        i2 = tl.where(take1, i1, tl.where(x > a2, cols, i2))
+    a2 = tl.maximum(a2, tl.minimum(a1, x))
+    a1 = tl.where(take1, x, a1)
+    i1 = tl.where(take1, cols, i1)
+    return a1, i1, a2, i2, a3, zl
+
+
+@triton.jit
+def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr,
+                    TMAX: tl.constexpr):
     """One read of the columns [lo, hi) (lo a multiple of BLOCK) of x = logit * inv_t:
-    (a1, i1, a2, i2, bound per lane, finite count, max, Z = sum exp(x - max), tile
-    maxima [NT]). a2 and i2 are the second entry (i2 meaningless with DEPTH 2); the
-    per-lane bound is a2 (DEPTH 2) or a3 (DEPTH 3)."""
+    (a1, i1, a2, i2, bound per lane, lanes holding a finite x, max, Z = sum exp(x - max),
+    tile maxima [NT]). a2 and i2 are the second entry (i2 meaningless with DEPTH 2); the
+    per-lane bound is a2 (DEPTH 2) or a3 (DEPTH 3). TMAX false: no per-tile reduction,
+    the tile maxima are +inf (a later read of the row then visits every tile). Two tiles
+    are in flight ahead of the one being processed."""
     lanes = tl.arange(0, BLOCK)
     a1 = tl.full([BLOCK], -float("inf"), tl.float32)
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
     a3 = tl.full([BLOCK], -float("inf"), tl.float32)
+    zl = tl.zeros([BLOCK], tl.float32)
     i1 = lo + lanes
     i2 = lo + lanes
-    nf = tl.zeros([BLOCK], dtype=tl.int32)
     tiles = tl.arange(0, NT)
-    tmax = tl.full([NT], -float("inf"), tl.float32)
-    zm = tl.full([], -float("inf"), tl.float32)
-    z = tl.zeros([], tl.float32)
+    tmax = tl.full([NT], float("inf"), tl.float32)
+    if TMAX:
+        tmax = tl.full([NT], -float("inf"), tl.float32)
     nxt = tl.load(row + lo + lanes, mask=lo + lanes < hi, other=-float("inf"))
+    nxt2 = tl.load(row + lo + BLOCK + lanes, mask=lo + BLOCK + lanes < hi, other=-float("inf"))
     for start in tl.range(lo, hi, BLOCK, num_stages=1):
         cols = start + lanes
         x = nxt.to(tl.float32) * inv_t
-        nxt = tl.load(row + BLOCK + cols, mask=cols + BLOCK < hi, other=-float("inf"))
-        nf += (x > -float("inf")).to(tl.int32)
-        take1 = x > a1
-        if DEPTH == 3:
-            a3 = tl.maximum(a3, tl.minimum(a2, x))
-            i2 = tl.where(take1, i1, tl.where(x > a2, cols, i2))
-        a2 = tl.maximum(a2, tl.minimum(a1, x))
-        a1 = tl.where(take1, x, a1)
-        i1 = tl.where(take1, cols, i1)
-        xm = tl.max(x, axis=0)
-        tmax = tl.where(tiles == (start - lo) // BLOCK, xm, tmax)
-        new_m = tl.maximum(zm, xm)
-        safe_m = tl.where(new_m > -float("inf"), new_m, 0.0)
-        s = tl.sum(tl.math.exp2((x - safe_m) * 1.4426950408889634), axis=0)
-        z = z * tl.math.exp2((zm - safe_m) * 1.4426950408889634) + s
-        zm = new_m
-    z = tl.where(zm > -float("inf"), z, 0.0)
+        nxt = nxt2
+        nxt2 = tl.load(row + 2 * BLOCK + cols, mask=cols + 2 * BLOCK < hi, other=-float("inf"))
+        a1, i1, a2, i2, a3, zl = _lane_update(x, cols, a1, i1, a2, i2, a3, zl, DEPTH)
+        if TMAX:
+            tmax = tl.where(tiles == (start - lo) // BLOCK, tl.max(x, axis=0), tmax)
+    m = tl.max(a1, axis=0)
+    z = tl.sum(tl.where(a1 > -float("inf"), zl * tl.exp(a1 - m), 0.0), axis=0)
     bound = a2
     if DEPTH == 3:
         bound = a3
-    return a1, i1, a2, i2, bound, tl.sum(nf, axis=0), zm, z, tmax
+    return a1, i1, a2, i2, bound, tl.sum((a1 > -float("inf")).to(tl.int32), axis=0), m, z, tmax
 
 
 @triton.jit
@@ -98,10 +116,48 @@ def store_lane_list(a1, i1, a2, i2, bound, lx_ptr, li_ptr, ln_ptr, lb_ptr, DEPTH
 
 
 @triton.jit
-def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2, FAST_LOG: tl.constexpr,
-                       P: tl.constexpr, LIST: tl.constexpr):
+def _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr):
+    """argmax of x + g over {x >= v_p} among entries x (> big_t, -inf elsewhere) that hold
+    the nucleus: v_p by bisection on the float key. Invariant: mass{x >= value(lo)} >=
+    p Z > mass{x >= value(hi)}; the entries are the only values > T, so the loop ends
+    with value(lo) = v_p, an entry's value."""
+    w = tl.where(x > -float("inf"), tl.exp(x - m), 0.0)
+    lo_k = _key(big_t)
+    hi_k = _key(m) + 1
+    for _ in range(0, 33):
+        if hi_k - lo_k > 1:
+            mid = lo_k + (hi_k - lo_k) // 2
+            if tl.sum(tl.where(x >= _value(mid), w, 0.0), axis=0) >= target:
+                lo_k = mid
+            else:
+                hi_k = mid
+    noisy = tl.where(x >= _value(lo_k), x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
+    return first_argmax(noisy, ci).to(tl.int64)
+
+
+@triton.jit
+def _draw_compacted(x, ci, valid, n_v, cx_ptr, ci_ptr, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr,
+                    W: tl.constexpr):
+    """``_draw_in_nucleus`` on the n_v <= W valid entries, gathered into W slots of the
+    row's scratch first (the bisection then runs on W lanes, not the lists' width)."""
+    at = tl.cumsum(valid.to(tl.int32), axis=0) - 1
+    tl.store(cx_ptr + at, x, mask=valid)
+    tl.store(ci_ptr + at, ci, mask=valid)
+    tl.debug_barrier()  # the slots were written by other threads
+    offs = tl.arange(0, W)
+    held = offs < n_v
+    xs = tl.load(cx_ptr + offs, mask=held, other=-float("inf"), cache_modifier=".cg")
+    cs = tl.load(ci_ptr + offs, mask=held, other=0, cache_modifier=".cg")
+    return _draw_in_nucleus(xs, cs, m, target, big_t, k1, k2, FAST_LOG)
+
+
+@triton.jit
+def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, cx_ptr, ci_ptr, n_parts, m, z, p, k1, k2,
+                       FAST_LOG: tl.constexpr, P: tl.constexpr, LIST: tl.constexpr):
     """(token, ok) of a top-p-alone row from its parts' lists (pointers at the row's first
-    part): ok false when the lists do not hold the nucleus (module docstring)."""
+    part; cx / ci: the row's scratch of >= P * LIST / 2 slots): ok false when the lists do
+    not hold the nucleus (module docstring). The draw runs on P * LIST / 4 or / 2 lanes
+    when the entries above T fit."""
     r = tl.arange(0, P * LIST)
     part = r // LIST
     has_part = part < n_parts
@@ -111,23 +167,18 @@ def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2,
     x = tl.load(lx_ptr + r, mask=held, other=-float("inf"))
     valid = held & (x > big_t)
     x = tl.where(valid, x, -float("inf"))
-    w = tl.where(valid, tl.exp(x - m), 0.0)
     target = p * z
-    ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(w, axis=0) >= target)
+    ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(tl.where(valid, tl.exp(x - m), 0.0), axis=0) >= target)
     tok = tl.zeros([], tl.int64)
     if ok:
-        # invariant: mass{x >= value(lo)} >= p Z > mass{x >= value(hi)}; the listed values
-        # are the only ones > T, so the loop ends with value(lo) = v_p, a listed value
-        lo_k = _key(big_t)
-        hi_k = _key(m) + 1
-        for _ in range(0, 33):
-            if hi_k - lo_k > 1:
-                mid = lo_k + (hi_k - lo_k) // 2
-                if tl.sum(tl.where(x >= _value(mid), w, 0.0), axis=0) >= target:
-                    lo_k = mid
-                else:
-                    hi_k = mid
         ci = tl.load(li_ptr + r, mask=valid, other=0)
-        noisy = tl.where(x >= _value(lo_k), x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
-        tok = first_argmax(noisy, ci).to(tl.int64)
+        n_v = tl.sum(valid.to(tl.int32), axis=0)
+        if n_v <= P * LIST // 4:
+            tok = _draw_compacted(x, ci, valid, n_v, cx_ptr, ci_ptr, m, target, big_t, k1, k2, FAST_LOG,
+                                  P * LIST // 4)
+        elif n_v <= P * LIST // 2:
+            tok = _draw_compacted(x, ci, valid, n_v, cx_ptr, ci_ptr, m, target, big_t, k1, k2, FAST_LOG,
+                                  P * LIST // 2)
+        else:
+            tok = _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG)
     return tok, ok

@@ -42,6 +42,7 @@ class SamplingMetadata:
     top_p: torch.Tensor | None = None
     log_min_p: torch.Tensor | None = None
     top_p_only: bool = False  # every cutting row uses top-p alone (no top-k, no min-p)
+    all_top_p: bool = False  # every row is sampled (temperature > 0) with top-p alone
     # logit bias and min_tokens masks: flat indices into [n * V] and values to add
     edits: tuple[torch.Tensor, torch.Tensor] | None = None
     penalties: PenaltyInputs | None = None

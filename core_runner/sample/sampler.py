@@ -120,7 +120,9 @@ class Sampler:
 
             # rows with top-k or min-p finish on one program per row in the split kernels: a
             # batch holding any runs the one-program kernel (faster there on the H200)
-            shape = CUT_SHAPE if meta.top_p_only else {}
+            shape = dict(CUT_SHAPE) if meta.top_p_only else {}
+            if shape.get("nucleus_first"):
+                shape["all_top_p"] = meta.all_top_p
             return sample_with_cuts_triton(work, meta.inv_temp, meta.seeds, meta.positions, meta.top_k,
                                            meta.top_p, meta.log_min_p, **shape)
         threshold = top_k_top_p_threshold_ref(work, meta.inv_temp, meta.top_k, meta.top_p, meta.log_min_p)

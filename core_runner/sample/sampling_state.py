@@ -149,6 +149,7 @@ class SamplingState:
             meta.top_k, meta.top_p = self.top_k.gpu[idx], self.top_p.gpu[idx]
             meta.log_min_p = self.min_p.gpu[idx].log()
             meta.top_p_only = not self.in_batch("cut_k_min_p", rows)
+            meta.all_top_p = meta.top_p_only and len(self.in_batch("cut", rows)) == n  # ("cut" rows are random)
         seq_lens = batch.seq_lens_cpu[:n].tolist()
         edit_rows = self.in_batch("edits", rows)
         if edit_rows:

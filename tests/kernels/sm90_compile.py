@@ -127,6 +127,7 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
 
     for sh in SWEEP_SHAPES:  # the bench's sweep (nucleus first with lane lists)
         name = "cut_s{split}_b{block}_w{num_warps}_cap{cap}_L{lists}x{list_slots}".format(**sh)
+        name += "" if sh.get("tile_max", True) else "_nt"
         cases[name] = lambda sh=sh: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **sh)
     for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
         cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(

@@ -347,9 +347,9 @@ def test_split_only_options_are_rejected_without_split():
     x = torch.zeros(2, 10)
     args = (x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),
             torch.full((2,), -1, dtype=torch.int32), torch.full((2,), 0.9), torch.full((2,), NEG_INF))
-    with pytest.raises(ValueError, match="nucleus_first=True, lists=0 need split > 1"):
+    with pytest.raises(ValueError, match="nucleus_first=True, lists=0, all_top_p=False need split > 1"):
         sample_with_cuts_triton(*args, nucleus_first=True)
-    with pytest.raises(ValueError, match="nucleus_first=False, lists=2 need split > 1"):
+    with pytest.raises(ValueError, match="nucleus_first=False, lists=2, all_top_p=False need split > 1"):
         sample_with_cuts_triton(*args, lists=2)
     with pytest.raises(ValueError, match="marks .* need split > 1"):
         sample_with_cuts_triton(*args, marks=[])
@@ -404,19 +404,22 @@ def _long_top_p_rows(seed, n=12, vocab=2000):
     return logits, inv, k, p, lmp, seeds, pos
 
 
-@pytest.mark.parametrize("depth, slots", [(2, 16), (2, 64), (3, 64), (3, 4)])
-def test_lane_lists_settle_the_nucleus_in_the_decide(device, depth, slots):
+@pytest.mark.parametrize("depth, slots, tile_max", [(2, 16, True), (2, 64, True), (3, 64, True), (3, 64, False),
+                                                    (3, 4, True)])
+def test_lane_lists_settle_the_nucleus_in_the_decide(device, depth, slots, tile_max):
     """Nucleus first with lane lists (``lane_lists_triton``): rows whose lists hold the
     nucleus are drawn in the decide launch (path 8); the others (flat rows, five tied
     maxima in one lane, lists past their slots: 4 slots overflow on every row) go on to
-    the lane floor and read 2 (7, or 3 past the capacity). Every token is the
-    reference's, also on the mixed set (other cuts, greedy rows, ties, -inf tails)."""
+    the lane floor and read 2 (7, or 3 past the capacity; without tile maxima read 2
+    visits every tile). Every token is the reference's, also on the mixed set (other
+    cuts, greedy rows, ties, -inf tails)."""
     long_rows = _long_top_p_rows(8)
+    kw = dict(cap=128, split=3, nucleus_first=True, lists=depth, list_slots=slots, tile_max=tile_max)
     for args in (long_rows, _mixed_rows(2)):
-        got, paths = _run(device, *args, cap=64, split=3, nucleus_first=True, lists=depth, list_slots=slots)
+        got, paths = _run(device, *args, **kw)
         want = _reference(*args)
         assert torch.equal(got, want), (got != want).nonzero().flatten().tolist()
-    paths = _run(device, *long_rows, cap=64, split=3, nucleus_first=True, lists=depth, list_slots=slots)[1].tolist()
+    paths = _run(device, *long_rows, **kw)[1].tolist()
     assert paths[0] == paths[7] == 3 and set(paths) <= {3, 7, 8}, paths  # flattest row; the tied lane
     assert (8 in paths) == (slots > 4), paths
 
@@ -431,3 +434,24 @@ def test_lane_lists_options_are_checked():
         sample_with_cuts_triton(*args, split=2, block=16, lists=2)
     with pytest.raises(ValueError, match="list_slots=24 must be a power of 2"):
         sample_with_cuts_triton(*args, split=2, block=16, nucleus_first=True, lists=2, list_slots=24)
+    with pytest.raises(ValueError, match="cap=16 < 32 .half the lane lists' width, 2 parts x list_slots=32"):
+        sample_with_cuts_triton(*args, split=2, block=16, nucleus_first=True, lists=2, list_slots=32, cap=16)
+
+
+def test_all_top_p_leaves_out_the_other_rows_draw(device):
+    """``all_top_p`` (every row promised top-p alone): one read-1 launch, the reference's
+    tokens; a row that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9
+    and the others keep their tokens."""
+    args = list(_long_top_p_rows(8))
+    kw = dict(cap=128, split=3, nucleus_first=True, lists=3, list_slots=64, all_top_p=True)
+    got, paths = _run(device, *args, **kw)
+    assert torch.equal(got, _reference(*args)) and set(paths.tolist()) <= {3, 7, 8}, paths
+    logits, inv, k, p, lmp, seeds, pos = (t.clone() for t in args)
+    inv[2], p[5], k[9] = 0.0, 1.0, 5
+    got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos, **kw)
+    broken = [2, 5, 9]
+    assert got[broken].tolist() == [-1, -1, -1] and paths[broken].tolist() == [9, 9, 9], (got, paths)
+    keep = [i for i in range(len(got)) if i not in broken]
+    assert torch.equal(got[keep], _reference(*args)[keep])
+    with pytest.raises(ValueError, match="all_top_p=True needs nucleus_first=True"):
+        _run(device, *args, cap=128, split=3, all_top_p=True)
