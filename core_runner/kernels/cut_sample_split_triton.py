@@ -36,6 +36,13 @@ F <= v_p off the lane maxima and sends every such row to read 2 for the tokens >
 step 4 computes v_p from those candidates and draws among the ones >= v_p (path 7; more
 than CAP candidates: the pivot search, path 3). Read 2 touches only the tiles whose max
 is >= F: on peaked rows a handful. Other rows of the batch draw in read 1 as before.
+
+Lane lists (``lists`` 2 or 3, with nucleus first; ``lane_lists_triton``): the top-p rows'
+read 1 also keeps each lane's top entries and stores, per part, every token above the
+part's bound; the decide launch then draws most rows among their exact nucleus (path 8)
+and only the others go on to read 2 and the finish. ``all_top_p`` leaves out the read-1
+launch of the other rows when the caller knows there are none (the Sampler does, from
+its host mirror).
 """
 from __future__ import annotations
 
@@ -145,9 +152,8 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
-                   ln_ptr, lb_ptr, cx_ptr, ci_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                   P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, CAP: tl.constexpr,
-                   ALL: tl.constexpr):
+                   ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
+                   NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
@@ -178,9 +184,7 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     if first:  # the lane lists may hold the nucleus: no read 2
                         at = (i * n_parts).to(tl.int64)
                         tok, settled = nucleus_from_lists(lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
-                                                          lb_ptr + at, cx_ptr + i.to(tl.int64) * CAP,
-                                                          ci_ptr + i.to(tl.int64) * CAP, n_parts, m, z, p, k1, k2,
-                                                          FAST_LOG, P, LIST)
+                                                          lb_ptr + at, n_parts, m, z, p, k1, k2, FAST_LOG, P, LIST)
                         if settled:
                             t = tok
                             path = 8
@@ -361,9 +365,6 @@ def sample_with_cuts_split(
     n_parts = triton.cdiv(vocab, part)
     ntp = triton.next_power_of_2(part // block)
     pp = triton.next_power_of_2(max(n_parts, 2))
-    if lists and cap < pp * list_slots // 2:
-        raise ValueError(f"cap={cap} < {pp * list_slots // 2} (half the lane lists' width, {pp} parts x "
-                         f"list_slots={list_slots}): the decide gathers the listed entries into the candidate slots")
     inv, sd, pos = inv_temp.float().contiguous(), seeds.contiguous(), positions.contiguous()
     k, p, lmp = top_k.to(torch.int32).contiguous(), top_p.float().contiguous(), log_min_p.float().contiguous()
     part_tok = torch.empty((n, n_parts), dtype=torch.int64, device=dev)
@@ -394,9 +395,8 @@ def sample_with_cuts_split(
                                     TMAX=tile_max or not lists, ALL=all_top_p, num_warps=num_warps)
         _mark(marks, name)
     _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                         lx, li, ln, lb, cand_x, cand_i, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp,
-                         NF=nucleus_first, DEPTH=lists, LIST=list_slots, CAP=cap, ALL=all_top_p,
-                         num_warps=max(row_warps, min(16, pp * list_slots // 512)))  # (lists: 8 values a thread)
+                         lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first,
+                         DEPTH=lists, LIST=list_slots, ALL=all_top_p, num_warps=row_warps)
     _mark(marks, "decide")
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
                                 n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)

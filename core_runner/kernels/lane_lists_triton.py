@@ -14,9 +14,9 @@ The decide launch takes T = the largest bound of the row's parts: the lists' ent
 are all the row's tokens > T. When their mass reaches p Z (and no part overflowed) the
 nucleus {x >= v_p} lies among them: v_p = the largest listed value v with
 mass{x >= v} >= p Z (a bisection on the float key), and the token is argmax of x + g
-over the listed entries >= v_p, the draw of the reference (on the entries > T gathered
-into a quarter or half of the lists' width when they fit: fewer lanes per bisection
-step). Otherwise the row goes on to
+over the listed entries >= v_p, the draw of the reference. (Gathering the entries > T
+into a quarter or half of the lists' width before the bisection made the decide launch
+slower on the H200, 0.032 -> 0.047 ms: session 6.) Otherwise the row goes on to
 the lane floor and read 2 (``cut_sample_split_triton``).
 
 How far the lists reach: random logits (N(0, 4^2) / 0.7, vocab 151,936, 8 x 512 lanes)
@@ -136,28 +136,10 @@ def _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr):
 
 
 @triton.jit
-def _draw_compacted(x, ci, valid, n_v, cx_ptr, ci_ptr, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr,
-                    W: tl.constexpr):
-    """``_draw_in_nucleus`` on the n_v <= W valid entries, gathered into W slots of the
-    row's scratch first (the bisection then runs on W lanes, not the lists' width)."""
-    at = tl.cumsum(valid.to(tl.int32), axis=0) - 1
-    tl.store(cx_ptr + at, x, mask=valid)
-    tl.store(ci_ptr + at, ci, mask=valid)
-    tl.debug_barrier()  # the slots were written by other threads
-    offs = tl.arange(0, W)
-    held = offs < n_v
-    xs = tl.load(cx_ptr + offs, mask=held, other=-float("inf"), cache_modifier=".cg")
-    cs = tl.load(ci_ptr + offs, mask=held, other=0, cache_modifier=".cg")
-    return _draw_in_nucleus(xs, cs, m, target, big_t, k1, k2, FAST_LOG)
-
-
-@triton.jit
-def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, cx_ptr, ci_ptr, n_parts, m, z, p, k1, k2,
-                       FAST_LOG: tl.constexpr, P: tl.constexpr, LIST: tl.constexpr):
+def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2, FAST_LOG: tl.constexpr,
+                       P: tl.constexpr, LIST: tl.constexpr):
     """(token, ok) of a top-p-alone row from its parts' lists (pointers at the row's first
-    part; cx / ci: the row's scratch of >= P * LIST / 2 slots): ok false when the lists do
-    not hold the nucleus (module docstring). The draw runs on P * LIST / 4 or / 2 lanes
-    when the entries above T fit."""
+    part): ok false when the lists do not hold the nucleus (module docstring)."""
     r = tl.arange(0, P * LIST)
     part = r // LIST
     has_part = part < n_parts
@@ -171,14 +153,5 @@ def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, cx_ptr, ci_ptr, n_parts, 
     ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(tl.where(valid, tl.exp(x - m), 0.0), axis=0) >= target)
     tok = tl.zeros([], tl.int64)
     if ok:
-        ci = tl.load(li_ptr + r, mask=valid, other=0)
-        n_v = tl.sum(valid.to(tl.int32), axis=0)
-        if n_v <= P * LIST // 4:
-            tok = _draw_compacted(x, ci, valid, n_v, cx_ptr, ci_ptr, m, target, big_t, k1, k2, FAST_LOG,
-                                  P * LIST // 4)
-        elif n_v <= P * LIST // 2:
-            tok = _draw_compacted(x, ci, valid, n_v, cx_ptr, ci_ptr, m, target, big_t, k1, k2, FAST_LOG,
-                                  P * LIST // 2)
-        else:
-            tok = _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG)
+        tok = _draw_in_nucleus(x, tl.load(li_ptr + r, mask=valid, other=0), m, target, big_t, k1, k2, FAST_LOG)
     return tok, ok

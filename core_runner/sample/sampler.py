@@ -43,9 +43,10 @@ from core_runner.sample.penalties import apply_penalties
 # warps reading tiles of `block` columns (fastest measured on the H200 at [1024 x 151,936]
 # fp32, benchmarks/RESULTS.md; the launchers clamp split to the row's tiles). CUT_SHAPE
 # serves batches whose cutting rows all use top-p alone; others take the kernel's defaults.
-# (nucleus_first, session 5: read 1 at 1.2 reads, but the per-row launches after it cost
-# more than they save at top-p 0.9: 0.79 ms against 0.65; see RESULTS.md)
-CUT_SHAPE = dict(split=8, block=512, num_warps=1)
+# CUT_SHAPE (session 6): nucleus first with lane lists of depth 3 (``lane_lists_triton``):
+# read 1 keeps each lane's top entries, and the decide launch draws most rows among the
+# exact nucleus with no second read (top-p 0.9: 0.397 ms against 0.642 for draw first).
+CUT_SHAPE = dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256)
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
 
 
