@@ -420,8 +420,8 @@ def sample_with_cuts_triton(
         if marks is not None:
             raise ValueError(f"marks (per-launch events) need split > 1 (one launch here); got split={split}")
         if nucleus_first or lists or all_top_p:
-            raise ValueError(f"nucleus_first={nucleus_first}, lists={lists}, all_top_p={all_top_p} need split > 1 (the split kernels "
-                             f"have them); got split={split}")
+            raise ValueError(f"nucleus_first={nucleus_first}, lists={lists}, all_top_p={all_top_p} need split > 1 "
+                             f"(the split kernels have them); got split={split}")
         cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
         cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
         _cut_sample_kernel[(n,)](

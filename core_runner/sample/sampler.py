@@ -45,7 +45,8 @@ from core_runner.sample.penalties import apply_penalties
 # serves batches whose cutting rows all use top-p alone; others take the kernel's defaults.
 # CUT_SHAPE (session 6): nucleus first with lane lists of depth 3 (``lane_lists_triton``):
 # read 1 keeps each lane's top entries, and the decide launch draws most rows among the
-# exact nucleus with no second read (top-p 0.9: 0.397 ms against 0.642 for draw first).
+# exact nucleus with no second read (H200, top-p 0.9: 0.519 ms against 0.646 for the
+# former draw-first shape; RESULTS.md session 6).
 CUT_SHAPE = dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256)
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
 
