@@ -8,6 +8,9 @@ or SPLIT programs per row (a contiguous part each), at a few tile widths and war
   full   ``gumbel_pass`` itself (temperature only: no statistics)
   fullz  ``gumbel_pass`` with the lane maxima, Z and tile maxima (top-p's read 1)
   stats  ``gumbel_pass`` with the statistics of fullz and no draw (nucleus first's read 1)
+  lists3 / lists3nt / lists2  ``lane_lists_pass`` (read 1 of the lane lists, the Sampler's
+         default since session 6): depth 3 with tile maxima / without / depth 2; the
+         list store and the atomics of the sampler's read 1 are left out
 
 Times are GPU times (CUDA events around back-to-back launches), next to torch's copy
 (half of it is "one read"), amax and sum over the rows on the same tensor.
@@ -28,8 +31,10 @@ from core_runner.bench.sampler_bench import _time
 from core_runner.kernels.gumbel_sample import (
     _could_reach, col_hash, gumbel_pass, row_keys, token_hash, use_fast_log,
 )
+from core_runner.kernels.lane_lists_triton import lane_lists_pass
 
-MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "stats": 7}
+MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "stats": 7, "lists3": 8, "lists3nt": 9,
+         "lists2": 10}
 
 
 @triton.jit
@@ -50,6 +55,12 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
         tok, a1, _a2, nf, z, tm = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True,
                                               FAST_LOG, BLOCK, NT, 1, lo, DRAW=MODE != 7)
         res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
+    elif MODE >= 8:
+        a1, i1, a2, i2, bound, nf, m, z, tm = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NT, 3 if MODE < 10 else 2,
+                                                              MODE != 9)
+        res = (tl.max(a1, axis=0) + tl.max(tl.where(bound > -float("inf"), bound + a2, 0.0), axis=0)
+               + (tl.max(i1 + i2, axis=0) & 1)
+               + nf + m + z + tl.max(tl.where(tm < float("inf"), tm, 0.0), axis=0))
     else:
         lanes = tl.arange(0, BLOCK)
         best = tl.full([BLOCK], -float("inf"), tl.float32)
@@ -108,8 +119,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"  {name}: {res[name]:.3f} ms ({res[name] / read_ms:.2f} reads)", flush=True)
     # (split, block, warps); BLOCK / (32 warps) values per thread and array: 8-16 keeps registers
     shapes = [(1, 2048, 8), (8, 512, 1), (16, 512, 1), (16, 256, 1), (4, 1024, 2), (8, 1024, 4), (4, 2048, 4)]
-    for mode in ("read", "stats", "fullz"):  # (the others: smoke test and RESULTS.md)
-        for split, block, warps in shapes:
+    list_shapes = [(8, 512, 1), (8, 512, 2), (16, 256, 1), (16, 512, 2), (8, 1024, 4)]
+    for mode in ("read", "stats", "lists3", "lists3nt", "lists2"):  # (the others: smoke test, RESULTS.md)
+        for split, block, warps in (shapes if mode in ("read", "stats") else list_shapes):
             ms = _time_ms(lambda: probe(logits, mode, split, block, warps))
             key = f"{mode}_s{split}_b{block}_w{warps}"
             res[key] = ms

@@ -229,19 +229,18 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
 
 @triton.jit
 def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr,
-                  vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr, CAP: tl.constexpr):
+                  vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, CAP: tl.constexpr):
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if tl.load(row_i_ptr + i * 4) == _READ2:
         m = tl.load(row_f_ptr + i * 4)
         lo_v = tl.load(row_f_ptr + i * 4 + 2)
         lanes = tl.arange(0, BLOCK)
-        j = tl.arange(0, NTP)
         first = lo // BLOCK
-        tm = tl.load(tmax_ptr + i.to(tl.int64) * n_tiles + first + j, mask=(first + j) * BLOCK < hi,
-                     other=-float("inf"))
+        tm_row = tmax_ptr + i.to(tl.int64) * n_tiles + first
         a = tl.zeros([BLOCK], dtype=tl.float32)
-        for jj in range(0, NTP):
-            if tl.max(tl.where(j == jj, tm, -float("inf")), axis=0) > lo_v:
+        # one scalar (cached) load per tile decides: no reduction across warps per tile
+        for jj in range(0, tl.cdiv(hi - lo, BLOCK)):
+            if tl.load(tm_row + jj) > lo_v:
                 cols = (first + jj) * BLOCK + lanes
                 x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
                 gt = x > lo_v
@@ -399,7 +398,7 @@ def sample_with_cuts_split(
                          DEPTH=lists, LIST=list_slots, ALL=all_top_p, num_warps=row_warps)
     _mark(marks, "decide")
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
-                                n_parts, n_tiles, BLOCK=block, NTP=ntp, CAP=cap, num_warps=num_warps)
+                                n_parts, n_tiles, BLOCK=block, CAP=cap, num_warps=num_warps)
     _mark(marks, "read2")
     _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
                          paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,

@@ -22,9 +22,11 @@ the lane floor and read 2 (``cut_sample_split_triton``).
 How far the lists reach: random logits (N(0, 4^2) / 0.7, vocab 151,936, 8 x 512 lanes)
 have nuclei of 31 (median) to ~160 tokens at p = 0.9; DEPTH 2 knows the top ~76 tokens
 (median; the first two tokens sharing a lane), DEPTH 3 the top ~440 (the first three),
-with ~110 (at most ~240) entries per part. The pass keeps everything per lane (Z too:
-an online sum per lane), so its loop has no reduction across lanes; session 6 measured
-0.31-0.43 ms for a first version that reduced every tile (tile max, Z) as read 1 did.
+with ~110 (at most ~240) entries per part. The pass keeps Z per lane (an online sum),
+so without tile maxima its loop has no reduction across lanes. H200, s8 b512 w2 (session
+6): 0.275 ms with tile maxima, 0.281 without; a first version with per-tile Z and one
+tile in flight 0.308 (0.43 at 1 warp, 213 registers): the per-tile reductions are not
+what costs, the ~20 instructions per token and the registers are.
 
 The finite count of these rows is the number of lanes holding a finite value: it is
 only used for top-k (off here) and to tell a row of -inf (0).

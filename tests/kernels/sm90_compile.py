@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -129,6 +130,14 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
         name = "cut_s{split}_b{block}_w{num_warps}_cap{cap}_L{lists}x{list_slots}".format(**sh)
         name += "" if sh.get("tile_max", True) else "_nt"
         cases[name] = lambda sh=sh: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **sh)
+    def probe(mode):  # the probe's read 1 of the lane lists (benchmarks/ is not installed)
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+        from benchmarks.sampler_probe import probe as run
+
+        return run(x, mode, 8, 512, 2)
+
+    for mode in ("lists3", "lists3nt", "lists2"):
+        cases[f"probe_{mode}"] = lambda mode=mode: probe(mode)
     for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
         cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
             x, inv, seeds, pos, split=s, block=b, num_warps=w)

@@ -13,7 +13,7 @@ def test_probe_variants_run_and_read_finds_the_row_max(device):
     n = x.shape[0]
     tokens = gumbel_sample_triton(x, torch.full((n,), 1.0 / 0.7, device=device), torch.arange(n, device=device),
                                   torch.full((n,), 100, device=device))
-    for mode in ("read", "hash", "bound", "full", "fullz", "stats"):
+    for mode in ("read", "hash", "bound", "full", "fullz", "stats", "lists3", "lists3nt", "lists2"):
         for split in (1, 2):
             out = probe(x, mode, split, block=64, num_warps=4).view(3, -1)
             assert bool(torch.isfinite(out).all())
