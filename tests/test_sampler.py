@@ -290,8 +290,10 @@ def test_sampler_bench_smoke(tmp_path, single_torch_thread):
     from core_runner.bench.sampler_bench import format_sampler_result, run_sampler_bench
     from core_runner.cli import main
 
-    res = run_sampler_bench("cpu", batch=4, vocab=1000, iters=1, warmup=0)
+    res = run_sampler_bench("cpu", batch=4, vocab=1000, iters=1, warmup=0, scales=(2.0,))
     assert res["sampler_top_p_ms"] > 0 and res["logits_read_ms"] > 0 and res["ratio_to_read"] > 0
+    flat = res["top_p_by_scale"]["2.0"]
+    assert flat["ms"] > 0 and flat["rows_off_reference"] == 0
     assert res["top_p_peak_extra_mib"] is None  # measured on CUDA only
     assert "torch softmax + multinomial" in format_sampler_result(res)
     out = tmp_path / "s.json"
