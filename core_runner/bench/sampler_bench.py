@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from core_runner.sample.metadata import SamplingMetadata
-from core_runner.sample.sampler import Sampler
+from core_runner.sample.sampler import Sampler, cut_shape
 
 # the path codes of ``sample_with_cuts_triton``
 PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 7: "nucleus first", 8: "lane lists"}
@@ -181,7 +181,7 @@ def _launches(logits: torch.Tensor, m: SamplingMetadata, iters: int, **shape) ->
     the shape is not split."""
     from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 
-    shape = shape or _sampler_shape(m)
+    shape = shape or cut_shape(m)
     if shape.get("split", 1) <= 1:
         return None
     calls = []
@@ -197,13 +197,6 @@ def _launches(logits: torch.Tensor, m: SamplingMetadata, iters: int, **shape) ->
     return out
 
 
-def _sampler_shape(m: SamplingMetadata) -> dict:
-    """The cut kernel's arguments as the Sampler passes them for this batch."""
-    from core_runner.sample.sampler import CUT_SHAPE
-
-    return dict(CUT_SHAPE, all_top_p=m.all_top_p) if CUT_SHAPE.get("nucleus_first") else dict(CUT_SHAPE)
-
-
 def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata, **shape) -> dict[str, int]:
     """How the fused cut kernel settled the rows of the top-p case (CUT_SHAPE, or
     ``shape``): rows per path (``sample_with_cuts_triton``'s codes, named)."""
@@ -211,7 +204,7 @@ def _top_p_paths(logits: torch.Tensor, m: SamplingMetadata, **shape) -> dict[str
 
     paths = torch.empty(logits.shape[0], dtype=torch.int32, device=logits.device)
     sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p, paths=paths,
-                            **(shape or _sampler_shape(m)))
+                            **(shape or cut_shape(m)))
     counts = torch.bincount(paths.long(), minlength=len(PATH_NAMES)).tolist()
     return {PATH_NAMES.get(code, str(code)): c for code, c in enumerate(counts) if c}
 

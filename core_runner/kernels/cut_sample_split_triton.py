@@ -82,19 +82,28 @@ def _send_to_read2(row_f_ptr, row_i_ptr, i, mode, m, z, lo, x_t):
 
 
 @triton.jit
+def _store_part_stats(a1, tmax, m, z, nf, tok, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
+                      n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr):
+    """What every read-1 program leaves for the later launches: its lanes' maxima (merged
+    over the parts), tile maxima, max, mass, finite count and token."""
+    tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), a1)
+    tiles = lo // BLOCK + tl.arange(0, NTP)
+    tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
+    at = (i * n_parts + s).to(tl.int64)
+    tl.store(part_f_ptr + at * 2, m)
+    tl.store(part_f_ptr + at * 2 + 1, z)
+    tl.store(part_nf_ptr + at, nf)
+    tl.store(part_tok_ptr + at, tok.to(tl.int64))
+
+
+@triton.jit
 def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, n_parts,
                 n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, DRAW: tl.constexpr):
     """Read 1 of program (i, s) on a sampled row: the part's token (DRAW) and statistics."""
     t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
                                           BLOCK, NTP, 1, lo, DRAW)
-    lanes = tl.arange(0, BLOCK)
-    tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + lanes, a1)
-    tiles = lo // BLOCK + tl.arange(0, NTP)
-    tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
-    tl.store(part_f_ptr + (i * n_parts + s) * 2, tl.max(a1, axis=0))
-    tl.store(part_f_ptr + (i * n_parts + s) * 2 + 1, z)
-    tl.store(part_nf_ptr + i * n_parts + s, nf)
-    tl.store(part_tok_ptr + i * n_parts + s, t.to(tl.int64))
+    _store_part_stats(a1, tmax, tl.max(a1, axis=0), z, nf, t, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr,
+                      a1_ptr, tmax_ptr, n_parts, n_tiles, BLOCK, NTP)
 
 
 @triton.jit
@@ -102,18 +111,14 @@ def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_n
                       li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr,
                       DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr):
     """Read 1 of program (i, s) on a nucleus-first row with lane lists: the statistics of
-    ``_read1_part`` (no draw) and the part's list (``lane_lists_triton``)."""
+    ``_read1_part`` (no draw: the part token is lo, a valid column for the decide's
+    combine) and the part's list (``lane_lists_triton``)."""
     a1, i1, a2, i2, bound, nf, zm, z, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX)
     at = (i * n_parts + s).to(tl.int64)
     store_lane_list(a1, i1, a2, i2, bound, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at, lb_ptr + at,
                     DEPTH, LIST)
-    tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), a1)
-    tiles = lo // BLOCK + tl.arange(0, NTP)
-    tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
-    tl.store(part_f_ptr + at * 2, zm)
-    tl.store(part_f_ptr + at * 2 + 1, z)
-    tl.store(part_nf_ptr + at, nf)
-    tl.store(part_tok_ptr + at, lo.to(tl.int64))  # (no draw: a valid column for the decide's combine)
+    _store_part_stats(a1, tmax, zm, z, nf, lo, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr,
+                      tmax_ptr, n_parts, n_tiles, BLOCK, NTP)
 
 
 @triton.jit

@@ -51,6 +51,12 @@ CUT_SHAPE = dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, 
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
 
 
+def cut_shape(meta: SamplingMetadata) -> dict:
+    """The split cut kernel's arguments for a top-p-only batch: CUT_SHAPE, and with nucleus
+    first whether every row is top-p alone (the other rows' read 1 is then left out)."""
+    return dict(CUT_SHAPE, all_top_p=meta.all_top_p) if CUT_SHAPE.get("nucleus_first") else dict(CUT_SHAPE)
+
+
 @dataclass(slots=True)
 class SamplerOutput:
     sampled: torch.Tensor  # [num_reqs] int64
@@ -122,9 +128,7 @@ class Sampler:
 
             # rows with top-k or min-p finish on one program per row in the split kernels: a
             # batch holding any runs the one-program kernel (faster there on the H200)
-            shape = dict(CUT_SHAPE) if meta.top_p_only else {}
-            if shape.get("nucleus_first"):
-                shape["all_top_p"] = meta.all_top_p
+            shape = cut_shape(meta) if meta.top_p_only else {}
             return sample_with_cuts_triton(work, meta.inv_temp, meta.seeds, meta.positions, meta.top_k,
                                            meta.top_p, meta.log_min_p, **shape)
         threshold = top_k_top_p_threshold_ref(work, meta.inv_temp, meta.top_k, meta.top_p, meta.log_min_p)
