@@ -64,6 +64,20 @@ def _wall(fn: Callable[[], object], device: torch.device, iters: int) -> float:
     return statistics.median(times)
 
 
+def _host(fn: Callable[[], object], device: torch.device, iters: int) -> float:
+    """Median host seconds to issue one call (no sync inside the loop): when this exceeds
+    the device time per call, the GPU waits for the host and the event timing shows it."""
+    _sync(device)
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        times.append((time.perf_counter() - t) / iters)
+        _sync(device)
+    return statistics.median(times)
+
+
 def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | None:
     """Bytes allocated at peak during one call beyond what was live before it (CUDA)."""
     if device.type != "cuda":
@@ -137,6 +151,7 @@ def run_sampler_bench(
         "top_p_launches_ms": _launches(logits, top_p_meta, iters) if sampler.use_triton else None,
         "timing": "cuda events, back-to-back calls" if dev.type == "cuda" else "wall, sync per call",
         "wall_sync_each_ms": wall,
+        "top_p_host_issue_ms": 1e3 * _host(fns["top_p"], dev, iters),
     }
     if sampler.use_triton and sweep:
         res["tile_sweep_ms"] = _tile_sweep(logits, top_p_meta, dev, iters, warmup)
@@ -265,6 +280,8 @@ def format_sampler_result(r: dict) -> str:
         if r.get("top_p_rows_by_path"):
             line += "; top-p rows by path: " + ", ".join(f"{k} {v}" for k, v in r["top_p_rows_by_path"].items())
         lines.append(line)
+    if r.get("top_p_host_issue_ms") is not None:
+        lines.append(f"  host time to issue one top-p call: {r['top_p_host_issue_ms']:.3f} ms")
     if r.get("top_p_launches_ms"):
         lines.append("  top-p launches (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["top_p_launches_ms"].items()))
     if r.get("tile_sweep_ms"):

@@ -59,14 +59,27 @@ def _lane_update(x, cols, a1, i1, a2, i2, a3, zl, DEPTH: tl.constexpr):
 
 
 @triton.jit
-def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr,
-                    TMAX: tl.constexpr):
-    """One read of the columns [lo, hi) (lo a multiple of BLOCK) of x = logit * inv_t:
-    (a1, i1, a2, i2, bound per lane, lanes holding a finite x, max, Z = sum exp(x - max),
-    tile maxima [NT]). a2 and i2 are the second entry (i2 meaningless with DEPTH 2); the
-    per-lane bound is a2 (DEPTH 2) or a3 (DEPTH 3). TMAX false: no per-tile reduction,
-    the tile maxima are +inf (a later read of the row then visits every tile). Two tiles
-    are in flight ahead of the one being processed."""
+def _lane_update_raw(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH: tl.constexpr):
+    """``_lane_update`` on the raw logits x (the order of x * inv_t, which is monotone),
+    with the tile number j for a column and c = inv_t * log2(e): no scaling per token,
+    no test for -inf (a1 is held at -FLT_MAX or above in the difference: x = -inf
+    weighs exp2(-inf) = 0), ~16 instructions a token against ~22."""
+    take1 = x > a1
+    e = tl.math.exp2(tl.abs(x - tl.maximum(a1, -3.4028234663852886e38)) * -c)
+    zl = tl.where(take1, zl * e + 1.0, zl + e)
+    if DEPTH == 3:
+        a3 = tl.maximum(a3, tl.minimum(a2, x))
+        i2 = tl.where(take1, i1, tl.where(x > a2, j, i2))
+    a2 = tl.maximum(a2, tl.minimum(a1, x))
+    a1 = tl.maximum(a1, x)
+    i1 = tl.where(take1, j, i1)
+    return a1, i1, a2, i2, a3, zl
+
+
+@triton.jit
+def _scaled_loop(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, TMAX: tl.constexpr):
+    """The loop of session 6 (``lane_lists_pass`` with RAW false): scaled values, columns,
+    masked loads of every tile."""
     lanes = tl.arange(0, BLOCK)
     a1 = tl.full([BLOCK], -float("inf"), tl.float32)
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
@@ -88,6 +101,74 @@ def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, D
         a1, i1, a2, i2, a3, zl = _lane_update(x, cols, a1, i1, a2, i2, a3, zl, DEPTH)
         if TMAX:
             tmax = tl.where(tiles == (start - lo) // BLOCK, tl.max(x, axis=0), tmax)
+    return a1, i1, a2, i2, a3, zl, tmax
+
+
+@triton.jit
+def _raw_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, TMAX: tl.constexpr):
+    """The loop of RAW: raw logits, tile numbers, c = inv_t * log2(e). The full tiles are
+    read without a mask (so the loads are 16-byte vectors: no per-token address and mask
+    work), each two tiles ahead (the last full tile is read again past the end, never
+    beyond hi); the partial tile, if any, is read once after the loop, masked."""
+    lanes = tl.arange(0, BLOCK)
+    a1 = tl.full([BLOCK], -float("inf"), tl.float32)
+    a2 = tl.full([BLOCK], -float("inf"), tl.float32)
+    a3 = tl.full([BLOCK], -float("inf"), tl.float32)
+    zl = tl.zeros([BLOCK], tl.float32)
+    i1 = tl.zeros([BLOCK], tl.int32)
+    i2 = tl.zeros([BLOCK], tl.int32)
+    tiles = tl.arange(0, NT)
+    tmax = tl.full([NT], float("inf"), tl.float32)
+    if TMAX:
+        tmax = tl.full([NT], -float("inf"), tl.float32)
+    base = row + lo + lanes
+    n_full = (hi - lo) // BLOCK
+    last = tl.maximum(n_full - 1, 0)
+    any_full = lanes < n_full * BLOCK  # all or none (a tensor: the interpreter takes no scalar mask)
+    nxt = tl.load(base, mask=any_full, other=-float("inf"))
+    nxt2 = tl.load(base + tl.minimum(1, last) * BLOCK, mask=any_full, other=-float("inf"))
+    for j in tl.range(0, n_full, num_stages=1, loop_unroll_factor=2):
+        x = nxt.to(tl.float32)
+        nxt = nxt2
+        nxt2 = tl.load(base + tl.minimum(j + 2, last) * BLOCK)
+        a1, i1, a2, i2, a3, zl = _lane_update_raw(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH)
+        if TMAX:
+            tmax = tl.where(tiles == j, tl.max(x, axis=0), tmax)
+    rest = hi - lo - n_full * BLOCK
+    if rest > 0:
+        x = tl.load(base + n_full * BLOCK, mask=lanes < rest, other=-float("inf")).to(tl.float32)
+        a1, i1, a2, i2, a3, zl = _lane_update_raw(x, n_full, a1, i1, a2, i2, a3, zl, c, DEPTH)
+        if TMAX:
+            tmax = tl.where(tiles == n_full, tl.max(x, axis=0), tmax)
+    return a1, i1, a2, i2, a3, zl, tmax
+
+
+@triton.jit
+def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr,
+                    TMAX: tl.constexpr, RAW: tl.constexpr = True):
+    """One read of the columns [lo, hi) (lo a multiple of BLOCK) of x = logit * inv_t:
+    (a1, i1, a2, i2, bound per lane, lanes holding a finite x, max, Z = sum exp(x - max),
+    tile maxima [NT]). a2 and i2 are the second entry (i2 meaningless with DEPTH 2); the
+    per-lane bound is a2 (DEPTH 2) or a3 (DEPTH 3). TMAX false: no per-tile reduction,
+    the tile maxima are +inf (a later read of the row then visits every tile). Two tiles
+    are in flight ahead of the one being processed. RAW (the default): the loop compares
+    raw logits and keeps tile numbers (``_lane_update_raw``), scaled and turned into
+    columns after it: the same values (one multiply each, as the reference's) and the
+    same entries, since x > y implies x * inv_t >= y * inv_t (the lists keep entries
+    above the bound in the scaled order, where the claim of the module docstring holds as
+    well); RAW false: the scaled loop of session 6 (the probe times both)."""
+    if RAW:
+        a1, i1, a2, i2, a3, zl, tmax = _raw_loop(row, lo, hi, inv_t * 1.4426950408889634, BLOCK, NT, DEPTH, TMAX)
+    else:
+        a1, i1, a2, i2, a3, zl, tmax = _scaled_loop(row, lo, hi, inv_t, BLOCK, NT, DEPTH, TMAX)
+    if RAW:  # to the scaled values (x * inv_t, -inf stays) and columns
+        a1 = a1 * inv_t
+        a2 = a2 * inv_t
+        a3 = a3 * inv_t
+        i1 = lo + i1 * BLOCK + tl.arange(0, BLOCK)
+        i2 = lo + i2 * BLOCK + tl.arange(0, BLOCK)
+        if TMAX:
+            tmax = tmax * inv_t
     m = tl.max(a1, axis=0)
     z = tl.sum(tl.where(a1 > -float("inf"), zl * tl.exp(a1 - m), 0.0), axis=0)
     bound = a2

@@ -13,11 +13,16 @@ def test_probe_variants_run_and_read_finds_the_row_max(device):
     n = x.shape[0]
     tokens = gumbel_sample_triton(x, torch.full((n,), 1.0 / 0.7, device=device), torch.arange(n, device=device),
                                   torch.full((n,), 100, device=device))
-    for mode in ("read", "hash", "bound", "full", "fullz", "stats", "lists3", "lists3nt", "lists2"):
+    outs = {}
+    for mode in ("read", "hash", "bound", "full", "fullz", "stats", "lists3", "lists3nt", "lists2", "raw3", "raw3nt",
+                 "raw2"):
         for split in (1, 2):
-            out = probe(x, mode, split, block=64, num_warps=4).view(3, -1)
+            out = outs[mode, split] = probe(x, mode, split, block=64, num_warps=4).view(3, -1)
             assert bool(torch.isfinite(out).all())
             if mode == "read":
                 torch.testing.assert_close(out.max(1).values, (x * (1.0 / 0.7)).max(1).values)
             if mode == "full" and split == 1:  # the probe's full pass draws the sampler's tokens
                 assert out[:, 0].long().tolist() == tokens.tolist(), mode
+    for split in (1, 2):  # the raw loop keeps the same lane entries, max and mass as the scaled one
+        for raw, scaled in (("raw3", "lists3"), ("raw3nt", "lists3nt"), ("raw2", "lists2")):
+            torch.testing.assert_close(outs[raw, split], outs[scaled, split], rtol=1e-5, atol=1e-5)
