@@ -52,10 +52,16 @@ import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
+from core_runner.kernels.split_workspace import discard, split_workspace
 from core_runner.kernels.gumbel_sample import (
     argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
 )
 from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
+
+# registers of read 1 with the fused decide: the decide alone would take ~190 (sm90), which
+# would halve the read-1 programs an SM holds; capped, the decide (one program in n_parts)
+# spills a little instead
+FUSED_MAXNREG = 128
 
 # row states after the decide launch
 _DONE = tl.constexpr(0)
@@ -123,14 +129,18 @@ def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_n
 
 @triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
-                  part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, vocab, part, n_parts,
-                  n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
-                  DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ALL: tl.constexpr):
+                  part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, row_f_ptr, row_i_ptr,
+                  out_ptr, ticket_ptr, vocab, part, n_parts, n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
+                  NTP: tl.constexpr, ROWS: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr,
+                  ALL: tl.constexpr, FUSE: tl.constexpr, P: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
     ROWS 2 for the others (draw or argmax). ALL (the caller's promise that every row is
     top-p alone): ROWS 1 only; a row that breaks it gets a valid part token here and
-    token -1 (path 9) in the decide launch."""
+    token -1 (path 9) in the decide launch. FUSE (with ALL): no decide launch; the last
+    program of a row to finish read 1 (a ticket per row, taken after a barrier with an
+    acquire-release atomic, so the other parts' stores are visible to it) decides the
+    row and puts the ticket back to 0."""
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     nucleus = False
     if ROWS != 0:
@@ -152,6 +162,13 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                         n_parts, n_tiles, FAST_LOG, BLOCK, NTP, True)
         else:
             tl.store(part_tok_ptr + i * n_parts + s, argmax_pass(row, hi, BLOCK, 1, lo).to(tl.int64))
+    if FUSE:
+        tl.debug_barrier()  # every thread's stores of this program before the ticket
+        if tl.atomic_add(ticket_ptr + i, 1, sem="acq_rel") == n_parts - 1:
+            tl.store(ticket_ptr + i, 0)
+            _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                        part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
+                        ln_ptr, lb_ptr, n_parts, FAST_LOG, BLOCK, P, True, DEPTH, LIST, ALL)
 
 
 @triton.jit
@@ -159,7 +176,18 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
                    ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
                    NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
-    i = tl.program_id(0)
+    _decide_row(tl.program_id(0), logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr, ln_ptr,
+                lb_ptr, n_parts, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL)
+
+
+@triton.jit
+def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
+                ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
+                NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
+    """Step 2 for row i (the decide launch's program i, or with ``fuse_decide`` the last
+    read-1 program of the row to finish)."""
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)
@@ -233,8 +261,28 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
 
 
 @triton.jit
+def _read2_tile(x, cols, gt_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP: tl.constexpr):
+    """One tile of read 2: the mass of its tokens > gt_v into a, the tokens themselves into
+    the row's candidate slots (taken with an atomic counter)."""
+    gt = x > gt_v
+    a += tl.where(gt, tl.exp(x - m), 0.0)
+    sel = gt.to(tl.int32)
+    cnt = tl.sum(sel, axis=0)
+    if cnt > 0:
+        at = tl.atomic_add(nc_ptr + i, cnt) + tl.cumsum(sel, axis=0) - 1
+        put = gt & (at < CAP)
+        tl.store(cx_ptr + i.to(tl.int64) * CAP + at, x, mask=put)
+        tl.store(ci_ptr + i.to(tl.int64) * CAP + at, cols, mask=put)
+    return a
+
+
+@triton.jit
 def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr,
-                  vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, CAP: tl.constexpr):
+                  vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, CAP: tl.constexpr, TMAX: tl.constexpr):
+    """Read 2 of program (i, s) on a row the decide launch sent here. The full tiles are
+    read without a mask, one ahead of the one processed (a serial loop of dependent loads
+    cost ~50 us for a handful of rows on the H200, session 6); with TMAX (read 1 kept tile
+    maxima) a tile whose max is not above lo is left out after one scalar load."""
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
     if tl.load(row_i_ptr + i * 4) == _READ2:
         m = tl.load(row_f_ptr + i * 4)
@@ -243,20 +291,22 @@ def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, 
         first = lo // BLOCK
         tm_row = tmax_ptr + i.to(tl.int64) * n_tiles + first
         a = tl.zeros([BLOCK], dtype=tl.float32)
-        # one scalar (cached) load per tile decides: no reduction across warps per tile
-        for jj in range(0, tl.cdiv(hi - lo, BLOCK)):
-            if tl.load(tm_row + jj) > lo_v:
-                cols = (first + jj) * BLOCK + lanes
-                x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
-                gt = x > lo_v
-                a += tl.where(gt, tl.exp(x - m), 0.0)
-                sel = gt.to(tl.int32)
-                cnt = tl.sum(sel, axis=0)
-                if cnt > 0:
-                    at = tl.atomic_add(nc_ptr + i, cnt) + tl.cumsum(sel, axis=0) - 1
-                    put = gt & (at < CAP)
-                    tl.store(cx_ptr + i.to(tl.int64) * CAP + at, x, mask=put)
-                    tl.store(ci_ptr + i.to(tl.int64) * CAP + at, cols, mask=put)
+        base = row + lo + lanes
+        n_full = (hi - lo) // BLOCK
+        last = tl.maximum(n_full - 1, 0)
+        nxt = tl.load(base, mask=lanes < n_full * BLOCK, other=-float("inf"))
+        for jj in range(0, n_full):
+            x = nxt.to(tl.float32) * inv_t
+            nxt = tl.load(base + tl.minimum(jj + 1, last) * BLOCK)
+            if TMAX:
+                if tl.load(tm_row + jj) > lo_v:
+                    a = _read2_tile(x, lo + jj * BLOCK + lanes, lo_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP)
+            else:
+                a = _read2_tile(x, lo + jj * BLOCK + lanes, lo_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP)
+        rest = hi - lo - n_full * BLOCK
+        if rest > 0:
+            x = tl.load(base + n_full * BLOCK, mask=lanes < rest, other=-float("inf")).to(tl.float32) * inv_t
+            a = _read2_tile(x, lo + n_full * BLOCK + lanes, lo_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP)
         tl.store(part_a_ptr + i * n_parts + s, tl.sum(a, axis=0))
 
 
@@ -329,6 +379,10 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
         if state != _DONE:  # (left by the narrow launch)
             tl.store(out_ptr + i, t.to(tl.int64))
             tl.store(path_ptr + i, path)
+        # the last launch puts the row's workspace back (``split_workspace``): lane maxima -inf, no candidates
+        tl.debug_barrier()
+        tl.store(nc_ptr + i, 0)
+        tl.store(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), tl.full([BLOCK], -float("inf"), tl.float32))
     elif defer == 0:
         tl.store(out_ptr + i, t.to(tl.int64))
         tl.store(path_ptr + i, path)
@@ -342,7 +396,8 @@ def sample_with_cuts_split(
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
     tile_max: bool = True, all_top_p: bool = False,
 ) -> torch.Tensor:
-    """The five launches (module docstring) for contiguous [n, V] logits, n > 0;
+    """The five launches (module docstring; four with the fused decide) for contiguous
+    [n, V] logits, n > 0, on a workspace kept between calls (``split_workspace``);
     ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring); with
     ``lists`` (2 or 3, the lane depth; 0 off) their read 1 also keeps lane lists of
     ``list_slots`` (a power of 2) entries per part, which settle most of them in the
@@ -371,39 +426,47 @@ def sample_with_cuts_split(
     pp = triton.next_power_of_2(max(n_parts, 2))
     inv, sd, pos = inv_temp.float().contiguous(), seeds.contiguous(), positions.contiguous()
     k, p, lmp = top_k.to(torch.int32).contiguous(), top_p.float().contiguous(), log_min_p.float().contiguous()
-    part_tok = torch.empty((n, n_parts), dtype=torch.int64, device=dev)
-    part_f = torch.empty((n, n_parts, 2), dtype=torch.float32, device=dev)
-    part_nf = torch.empty((n, n_parts), dtype=torch.int32, device=dev)
-    part_a = torch.empty((n, n_parts), dtype=torch.float32, device=dev)
-    a1 = torch.full((n, block), float("-inf"), dtype=torch.float32, device=dev)
-    tmax = torch.empty((n, n_tiles), dtype=torch.float32, device=dev)
-    row_f = torch.empty((n, 4), dtype=torch.float32, device=dev)
-    row_i = torch.empty((n, 4), dtype=torch.int32, device=dev)
-    n_c = torch.zeros(n, dtype=torch.int32, device=dev)  # candidates (read 2)
-    cand_x = torch.empty((n, cap), dtype=torch.float32, device=dev)
-    cand_i = torch.empty((n, cap), dtype=torch.int32, device=dev)
     list_slots = list_slots if lists else 1
-    lx = torch.empty((n, n_parts, list_slots) if lists else (1,), dtype=torch.float32, device=dev)
-    li = torch.empty((n, n_parts, list_slots) if lists else (1,), dtype=torch.int32, device=dev)
-    ln = torch.empty((n, n_parts) if lists else (1,), dtype=torch.int32, device=dev)
-    lb = torch.empty((n, n_parts) if lists else (1,), dtype=torch.float32, device=dev)
+    ws = split_workspace(n, dev, n_parts, block, n_tiles, cap, list_slots)
+    try:
+        _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
+                search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p)
+    except BaseException:
+        discard(ws)
+        raise
+    return out
+
+
+def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
+            search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p):
+    """The launches of ``sample_with_cuts_split`` on its workspace."""
+    n = logits.shape[0]
+    dev = logits.device
+    part_tok, part_f, part_nf, part_a, a1, tmax = ws.part_tok, ws.part_f, ws.part_nf, ws.part_a, ws.a1, ws.tmax
+    row_f, row_i, n_c, cand_x, cand_i = ws.row_f, ws.row_i, ws.n_c, ws.cand_x, ws.cand_i
+    lx, li, ln, lb = ws.lx, ws.li, ws.ln, ws.lb
     fast_log = use_fast_log(dev)
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
     _mark(marks, "start")
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
+    fuse = all_top_p and lists > 0  # one read-1 launch, which decides each row at its end
     for rows, name in read1:
         _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
-                                    lx, li, ln, lb, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
-                                    NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots,
-                                    TMAX=tile_max or not lists, ALL=all_top_p, num_warps=num_warps)
+                                    lx, li, ln, lb, row_f, row_i, out, ws.ticket, vocab, part, n_parts, n_tiles,
+                                    FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
+                                    DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
+                                    ALL=all_top_p, FUSE=fuse, P=pp, num_warps=num_warps,
+                                    **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
         _mark(marks, name)
-    _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                         lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first,
-                         DEPTH=lists, LIST=list_slots, ALL=all_top_p, num_warps=row_warps)
-    _mark(marks, "decide")
+    if not fuse:
+        _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
+                             lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first,
+                             DEPTH=lists, LIST=list_slots, ALL=all_top_p, num_warps=row_warps)
+        _mark(marks, "decide")
     _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
-                                n_parts, n_tiles, BLOCK=block, CAP=cap, num_warps=num_warps)
+                                n_parts, n_tiles, BLOCK=block, CAP=cap, TMAX=tile_max or not lists,
+                                num_warps=num_warps)
     _mark(marks, "read2")
     _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
                          paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
@@ -413,7 +476,6 @@ def sample_with_cuts_split(
                          paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
                          NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), WIDE=True, num_warps=row_warps)
     _mark(marks, "finish_wide")
-    return out
 
 
 def _mark(marks: list | None, name: str) -> None:

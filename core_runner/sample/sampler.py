@@ -47,7 +47,11 @@ from core_runner.sample.penalties import apply_penalties
 # read 1 keeps each lane's top entries, and the decide launch draws most rows among the
 # exact nucleus with no second read (H200, top-p 0.9: 0.519 ms against 0.646 for the
 # former draw-first shape; RESULTS.md session 6).
-CUT_SHAPE = dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256)
+# Session 7: read 1 of the lists on raw logits with 16-byte loads and no tile maxima (read 2,
+# for the few rows the lists miss, reads every tile, prefetched); with ``all_top_p`` the
+# decide runs at the end of read 1 (``fuse_decide``: one launch fewer).
+CUT_SHAPE = dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256,
+                 tile_max=False)
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
 
 

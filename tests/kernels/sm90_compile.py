@@ -42,7 +42,7 @@ def _compile_launch(fn: JITFunction, args: tuple, kwargs: dict) -> str:
     names = fn.arg_names
     bound = dict(zip(names, args))
     bound.update({k: v for k, v in kwargs.items() if k in names})
-    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages")}
+    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages", "maxnreg")}
     sig, const, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(names, fn.params)):
         value = bound.get(name, param.default)
@@ -122,6 +122,9 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
         "cut_block256_cap16": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, block=256, cap=16),
     }
     cases["cut_sampler_shape"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **CUT_SHAPE)
+    # the Sampler's top-p-only batches: read 1 with the fused decide
+    cases["cut_sampler_all_top_p"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **CUT_SHAPE,
+                                                                     all_top_p=True)
     cases["cut_s8_b512_w1_nucleus_first"] = lambda: sample_with_cuts_triton(
         x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, nucleus_first=True)
     from core_runner.bench.sampler_bench import SWEEP_SHAPES

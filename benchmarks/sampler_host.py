@@ -1,0 +1,117 @@
+"""Where the sampler's host time goes, next to its pure GPU time (session 7).
+
+Prints, for the bench's top-p case ([1024 x 151,936] fp32, temperature 0.7, top-p 0.9):
+  - host microseconds to issue one Sampler call, one ``sample_with_cuts_triton`` call,
+    one launch of a tiny Triton kernel with 30 arguments, one ``torch.empty``;
+  - GPU milliseconds of the cut kernels replayed from a CUDA graph (no host gaps) next
+    to the same calls issued back to back (the bench's timing);
+  - the top functions of a cProfile of 50 Sampler calls (by own time).
+
+Usage (GPU): python3 benchmarks/sampler_host.py [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+import triton
+import triton.language as tl
+
+from core_runner.bench.sampler_bench import _time
+from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+from core_runner.sample.metadata import SamplingMetadata
+from core_runner.sample.sampler import Sampler, cut_shape
+
+
+@triton.jit
+def _many_args(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15, a16, a17, a18, a19, n0, n1,
+               n2, n3, n4, n5, n6, n7, n8, n9, B: tl.constexpr, C: tl.constexpr):
+    i = tl.program_id(0)
+    if i < 0:
+        tl.store(a0, n0 + n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8 + n9 + B + C)
+
+
+def _host_us(fn, iters: int = 200) -> float:
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    dt = (time.perf_counter() - t) / iters
+    torch.cuda.synchronize()
+    return 1e6 * dt
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    n, vocab = 1024, 151936
+    logits = torch.randn(n, vocab, device=dev) * 4.0
+    m = SamplingMetadata(inv_temp=torch.full((n,), 1 / 0.7, device=dev), seeds=torch.arange(n, device=dev),
+                         positions=torch.full((n,), 100, dtype=torch.int64, device=dev), any_random=True)
+    m.top_k = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    m.top_p = torch.full((n,), 0.9, device=dev)
+    m.log_min_p = torch.full((n,), 0.0, device=dev).log()
+    m.top_p_only = m.all_top_p = True
+    sampler = Sampler(use_triton=True)
+    shape = cut_shape(m)
+    out = torch.empty(n, dtype=torch.int64, device=dev)
+    paths = torch.empty(n, dtype=torch.int32, device=dev)
+
+    def cut():
+        return sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p,
+                                       out=out, paths=paths, **shape)
+
+    bufs = [torch.empty(16, device=dev) for _ in range(20)]
+    res = {
+        "host_us_sampler_call": _host_us(lambda: sampler(logits, m)),
+        "host_us_cut_call": _host_us(cut),
+        "host_us_triton_launch_30_args": _host_us(lambda: _many_args[(1,)](*bufs, *range(10), B=4, C=8)),
+        "host_us_torch_empty": _host_us(lambda: torch.empty((n, 512), device=dev)),
+        "host_us_torch_full": _host_us(lambda: torch.full((n, 512), -1.0, device=dev)),
+        "gpu_ms_cut_back_to_back": 1e3 * _time(cut, dev, 20, 3),
+        "gpu_ms_sampler_back_to_back": 1e3 * _time(lambda: sampler(logits, m), dev, 20, 3),
+    }
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        cut()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            cut()
+    torch.cuda.current_stream().wait_stream(s)
+    res["gpu_ms_cut_graph_replay"] = 1e3 * _time(g.replay, dev, 20, 3)
+    for scale in (2.0, 3.0):
+        x = logits * (scale / 4.0)
+        res[f"gpu_ms_cut_scale{scale}"] = 1e3 * _time(
+            lambda x=x: sample_with_cuts_triton(x, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p,
+                                                out=out, paths=paths, **shape), dev, 5, 1)
+        del x
+    for k, v in res.items():
+        print(f"  {k}: {v:.4g}", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        sampler(logits, m)
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(25)
+    print(buf.getvalue()[:6000], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Scratch of the split cut sampler (``cut_sample_split_triton``), kept between calls.
+
+Allocating the dozen scratch tensors on every call cost the host ~6 us each (H200 image,
+session 7: one Sampler call took ~320 us of host time against ~350 us of GPU time), so
+they are allocated once per (device, stream, launch shape) for at least the call's rows
+and reused; a call with more rows replaces them (rows rounded up to a power of two).
+The kernels index rows by their program id, so the buffers are passed whole.
+
+Three of them must hold a known value when a call starts, and the call's own launches
+put it back for every row they touch: the lanes' maxima ``a1`` (-inf: read 1 merges with
+atomic max), the candidate counters ``n_c`` (0: read 2 takes slots with atomic adds) and
+the row tickets ``ticket`` (0: with the fused decide, the last read-1 program of a row is
+the one that counts n_parts - 1). The wide finish resets a1 and n_c, the ticket winner
+its ticket. A call that fails on the host part-way drops its workspace (``discard``),
+so a half-run call never leaves stale values behind.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+
+_CACHE: dict[tuple, "SplitWorkspace"] = {}
+
+
+class SplitWorkspace:
+    def __init__(self, rows: int, dev: torch.device, n_parts: int, block: int, n_tiles: int, cap: int, slots: int):
+        f32, i32 = torch.float32, torch.int32
+        self.rows = rows
+        self.part_tok = torch.empty((rows, n_parts), dtype=torch.int64, device=dev)
+        self.part_f = torch.empty((rows, n_parts, 2), dtype=f32, device=dev)
+        self.part_nf = torch.empty((rows, n_parts), dtype=i32, device=dev)
+        self.part_a = torch.empty((rows, n_parts), dtype=f32, device=dev)
+        self.a1 = torch.full((rows, block), float("-inf"), dtype=f32, device=dev)
+        self.tmax = torch.empty((rows, n_tiles), dtype=f32, device=dev)
+        self.row_f = torch.empty((rows, 4), dtype=f32, device=dev)
+        self.row_i = torch.empty((rows, 4), dtype=i32, device=dev)
+        self.n_c = torch.zeros(rows, dtype=i32, device=dev)
+        self.ticket = torch.zeros(rows, dtype=i32, device=dev)
+        self.cand_x = torch.empty((rows, cap), dtype=f32, device=dev)
+        self.cand_i = torch.empty((rows, cap), dtype=i32, device=dev)
+        self.lx = torch.empty((rows, n_parts, slots), dtype=f32, device=dev)
+        self.li = torch.empty((rows, n_parts, slots), dtype=i32, device=dev)
+        self.ln = torch.empty((rows, n_parts), dtype=i32, device=dev)
+        self.lb = torch.empty((rows, n_parts), dtype=f32, device=dev)
+
+
+def _key(dev: torch.device, *shape: int) -> tuple:
+    stream = torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+    return (str(dev), stream, *shape)
+
+
+def split_workspace(n: int, dev: torch.device, n_parts: int, block: int, n_tiles: int, cap: int,
+                    slots: int) -> SplitWorkspace:
+    """The workspace for n rows of this launch shape on the current stream of dev."""
+    key = _key(dev, n_parts, block, n_tiles, cap, slots)
+    ws = _CACHE.get(key)
+    if ws is None or ws.rows < n:
+        _CACHE.pop(key, None)  # (the old buffers go before the new ones are allocated)
+        ws = _CACHE[key] = SplitWorkspace(max(8, triton.next_power_of_2(n)), dev, n_parts, block, n_tiles, cap,
+                                          slots)
+    return ws
+
+
+def discard(ws: SplitWorkspace) -> None:
+    """Forget a workspace whose call failed part-way (its reset values are unknown)."""
+    for key, held in list(_CACHE.items()):
+        if held is ws:
+            del _CACHE[key]
