@@ -90,14 +90,19 @@ def main(argv=None) -> dict:
             cut()
     torch.cuda.current_stream().wait_stream(s)
     res["gpu_ms_cut_graph_replay"] = 1e3 * _time(g.replay, dev, 20, 3)
-    for scale in (2.0, 3.0):
-        x = logits * (scale / 4.0)
-        res[f"gpu_ms_cut_scale{scale}"] = 1e3 * _time(
-            lambda x=x: sample_with_cuts_triton(x, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p,
-                                                out=out, paths=paths, **shape), dev, 5, 1)
-        del x
+    cut()
+    res["paths_scale4"] = {int(k): int(v) for k, v in zip(*torch.unique(paths, return_counts=True))}
+    # flat rows (N(0, s^2) logits) end in the pivot search: its tile width (search_block) next to the default
+    for sb in (64, 256):
+        for scale in (2.0, 3.0):
+            x = logits * (scale / 4.0)
+            res[f"gpu_ms_cut_scale{scale}_search_block{sb}"] = 1e3 * _time(
+                lambda x=x: sample_with_cuts_triton(x, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,
+                                                    m.log_min_p, out=out, paths=paths, **dict(shape, search_block=sb)),
+                dev, 3, 1)
+            del x
     for k, v in res.items():
-        print(f"  {k}: {v:.4g}", flush=True)
+        print(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(50):

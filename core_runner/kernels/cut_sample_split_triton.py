@@ -12,11 +12,10 @@ five launches (six with nucleus first) and no host read.
    finite count. Greedy, no cut, or a draw on the row max: done. Top-p alone: the lane
    floor F and the value read 2 must pass (x_t, or the float under F when x_t < F: then
    the draw is out whatever read 2 finds). Any other cut: left to step 4.
-3. ``_read2_kernel`` (rows x S): for the top-p rows, each program sums mass{x > lo} over
-   its part's tiles whose max is above lo and stores those tokens as candidates (slots
-   taken with an atomic counter; the finish sorts them, so their order does not matter).
-   Tiles under lo are not read: a far draw costs only the tiles above the floor, and a
-   row's tiles are read by S programs at once.
+3. ``_read2_kernel`` (rows x S, ``split_read2_triton``): for the top-p rows, each program
+   sums mass{x > lo} over its part's tiles whose max is above lo (every tile without tile
+   maxima) and stores those tokens as candidates (slots taken with one atomic add per
+   part; the finish sorts them, so their order does not matter).
 4. ``_finish_kernel`` (rows, twice: the narrow launch settles the rows with at most 256
    candidates, the wide one the rest, so the common rows do not pay the registers of the
    CAP-wide sort and the search): A (the parts' sums, in part order) < p Z keeps the draw;
@@ -52,6 +51,7 @@ import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
+from core_runner.kernels.split_read2_triton import _DONE, _ONE_PROGRAM, _READ2, _read2_kernel
 from core_runner.kernels.split_workspace import discard, split_workspace
 from core_runner.kernels.gumbel_sample import (
     argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
@@ -63,10 +63,6 @@ from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
 # spills a little instead
 FUSED_MAXNREG = 128
 
-# row states after the decide launch
-_DONE = tl.constexpr(0)
-_READ2 = tl.constexpr(1)  # top-p alone, draw below the max: read 2 and the finish
-_ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
 
 
 @triton.jit
@@ -258,56 +254,6 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
     tl.store(row_i_ptr + i * 4, state)
     tl.store(row_i_ptr + i * 4 + 2, path)
     tl.store(out_ptr + i, t)
-
-
-@triton.jit
-def _read2_tile(x, cols, gt_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP: tl.constexpr):
-    """One tile of read 2: the mass of its tokens > gt_v into a, the tokens themselves into
-    the row's candidate slots (taken with an atomic counter)."""
-    gt = x > gt_v
-    a += tl.where(gt, tl.exp(x - m), 0.0)
-    sel = gt.to(tl.int32)
-    cnt = tl.sum(sel, axis=0)
-    if cnt > 0:
-        at = tl.atomic_add(nc_ptr + i, cnt) + tl.cumsum(sel, axis=0) - 1
-        put = gt & (at < CAP)
-        tl.store(cx_ptr + i.to(tl.int64) * CAP + at, x, mask=put)
-        tl.store(ci_ptr + i.to(tl.int64) * CAP + at, cols, mask=put)
-    return a
-
-
-@triton.jit
-def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr,
-                  vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, CAP: tl.constexpr, TMAX: tl.constexpr):
-    """Read 2 of program (i, s) on a row the decide launch sent here. The full tiles are
-    read without a mask, one ahead of the one processed (a serial loop of dependent loads
-    cost ~50 us for a handful of rows on the H200, session 6); with TMAX (read 1 kept tile
-    maxima) a tile whose max is not above lo is left out after one scalar load."""
-    i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
-    if tl.load(row_i_ptr + i * 4) == _READ2:
-        m = tl.load(row_f_ptr + i * 4)
-        lo_v = tl.load(row_f_ptr + i * 4 + 2)
-        lanes = tl.arange(0, BLOCK)
-        first = lo // BLOCK
-        tm_row = tmax_ptr + i.to(tl.int64) * n_tiles + first
-        a = tl.zeros([BLOCK], dtype=tl.float32)
-        base = row + lo + lanes
-        n_full = (hi - lo) // BLOCK
-        last = tl.maximum(n_full - 1, 0)
-        nxt = tl.load(base, mask=lanes < n_full * BLOCK, other=-float("inf"))
-        for jj in range(0, n_full):
-            x = nxt.to(tl.float32) * inv_t
-            nxt = tl.load(base + tl.minimum(jj + 1, last) * BLOCK)
-            if TMAX:
-                if tl.load(tm_row + jj) > lo_v:
-                    a = _read2_tile(x, lo + jj * BLOCK + lanes, lo_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP)
-            else:
-                a = _read2_tile(x, lo + jj * BLOCK + lanes, lo_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP)
-        rest = hi - lo - n_full * BLOCK
-        if rest > 0:
-            x = tl.load(base + n_full * BLOCK, mask=lanes < rest, other=-float("inf")).to(tl.float32) * inv_t
-            a = _read2_tile(x, lo + n_full * BLOCK + lanes, lo_v, m, a, i, nc_ptr, cx_ptr, ci_ptr, CAP)
-        tl.store(part_a_ptr + i * n_parts + s, tl.sum(a, axis=0))
 
 
 @triton.jit

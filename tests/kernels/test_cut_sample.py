@@ -453,3 +453,23 @@ def test_all_top_p_leaves_out_the_other_rows_draw(device):
     assert torch.equal(got[keep], _reference(*args)[keep])
     with pytest.raises(ValueError, match="all_top_p=True needs nucleus_first=True"):
         _run(device, *args, cap=128, split=3, all_top_p=True)
+
+
+def test_split_workspace_is_reused_and_put_back(device):
+    """The split kernels' scratch lives between calls (``split_workspace``): calls of other
+    batch sizes and options on one workspace sample the reference's tokens, and after each
+    call the counters, tickets and lane maxima are back at 0 / -inf for the next one."""
+    from core_runner.kernels import split_workspace as sw
+
+    args = _long_top_p_rows(8)
+    fused = dict(cap=128, split=3, nucleus_first=True, lists=3, list_slots=64, all_top_p=True)
+    calls = [(args, fused), (tuple(t[:5] for t in args), fused), (args, dict(fused, all_top_p=False)),
+             (_mixed_rows(2), dict(fused, all_top_p=False)), (args, fused)]
+    for call_args, kw in calls:
+        got, _ = _run(device, *call_args, **kw)
+        assert torch.equal(got, _reference(*call_args)), kw
+        n_tiles = -(-call_args[0].shape[1] // 64)
+        (ws,) = [w for w in sw._CACHE.values()
+                 if w.lx.shape[-1] == 64 and w.cand_x.shape[-1] == 128 and w.tmax.shape[1] == n_tiles]
+        assert int(ws.n_c.abs().sum()) == 0 and int(ws.ticket.abs().sum()) == 0
+        assert bool((ws.a1 == float("-inf")).all())
