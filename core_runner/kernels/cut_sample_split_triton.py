@@ -5,9 +5,8 @@ five launches (six with nucleus first) and no host read.
 
 1. ``_read1_kernel`` (rows x S; twice with nucleus first): every program draws over its
    part of the row (whole tiles) and keeps the part's token, max, mass relative to it,
-   finite count and tile maxima; the lanes' maxima of all parts meet in one [rows, BLOCK]
-   buffer (atomic max: the parts are whole tiles, so a lane is the same column residue in
-   every part).
+   finite count, tile maxima and lanes' maxima (the readers take the max over the parts:
+   the parts are whole tiles, so a lane is the same column residue in every part).
 2. ``_decide_kernel`` (rows): the row's token from the parts' tokens, m, Z and the
    finite count. Greedy, no cut, or a draw on the row max: done. Top-p alone: the lane
    floor F and the value read 2 must pass (x_t, or the float under F when x_t < F: then
@@ -86,9 +85,11 @@ def _send_to_read2(row_f_ptr, row_i_ptr, i, mode, m, z, lo, x_t):
 @triton.jit
 def _store_part_stats(a1, tmax, m, z, nf, tok, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
                       n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr):
-    """What every read-1 program leaves for the later launches: its lanes' maxima (merged
-    over the parts), tile maxima, max, mass, finite count and token."""
-    tl.atomic_max(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), a1)
+    """What every read-1 program leaves for the later launches: its lanes' maxima (the
+    readers merge the parts', ``_lane_maxima``: plain stores, where an atomic max per lane
+    into one row would cost 4M atomics a call at [1024 x 151,936]), tile maxima, max,
+    mass, finite count and token."""
+    tl.store(a1_ptr + (i * n_parts + s).to(tl.int64) * BLOCK + tl.arange(0, BLOCK), a1)
     tiles = lo // BLOCK + tl.arange(0, NTP)
     tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
     at = (i * n_parts + s).to(tl.int64)
@@ -96,6 +97,16 @@ def _store_part_stats(a1, tmax, m, z, nf, tok, i, s, lo, hi, part_tok_ptr, part_
     tl.store(part_f_ptr + at * 2 + 1, z)
     tl.store(part_nf_ptr + at, nf)
     tl.store(part_tok_ptr + at, tok.to(tl.int64))
+
+
+@triton.jit
+def _lane_maxima(a1_ptr, i, n_parts, BLOCK: tl.constexpr):
+    """Row i's lane maxima over its parts (each part stored its own)."""
+    at = a1_ptr + (i * n_parts).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    a1 = tl.load(at)
+    for s in range(1, n_parts):
+        a1 = tl.maximum(a1, tl.load(at + s * BLOCK))
+    return a1
 
 
 @triton.jit
@@ -221,7 +232,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     pass
                 elif first:
                     path = 7
-                    a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+                    a1 = _lane_maxima(a1_ptr, i, n_parts, BLOCK)
                     floor = lane_floor(a1, m, p * z, BLOCK)
                     has_floor = floor > -float("inf")
                     # mode 2: the tokens >= F (x > the float just under F). No floor (the lanes' mass is
@@ -236,7 +247,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     if x_t < m:
                         lo = x_t
                         mode = 1  # the draw is tested: A = mass{x > x_t} against p Z
-                        a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+                        a1 = _lane_maxima(a1_ptr, i, n_parts, BLOCK)
                         floor = lane_floor(a1, m, p * z, BLOCK)
                         if x_t < floor:
                             lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
@@ -315,7 +326,7 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 else:
                     defer = 1
         elif WIDE:
-            a1 = tl.load(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK))
+            a1 = _lane_maxima(a1_ptr, i, n_parts, BLOCK)
             a2 = tl.full([BLOCK], -float("inf"), tl.float32)
             t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx, ci,
                                FAST_LOG, BLOCK, CAP, SBLOCK, NP, 1, 1, 1)
@@ -325,10 +336,9 @@ def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
         if state != _DONE:  # (left by the narrow launch)
             tl.store(out_ptr + i, t.to(tl.int64))
             tl.store(path_ptr + i, path)
-        # the last launch puts the row's workspace back (``split_workspace``): lane maxima -inf, no candidates
+        # the last launch puts the row's candidate counter back to 0 (``split_workspace``)
         tl.debug_barrier()
         tl.store(nc_ptr + i, 0)
-        tl.store(a1_ptr + i.to(tl.int64) * BLOCK + tl.arange(0, BLOCK), tl.full([BLOCK], -float("inf"), tl.float32))
     elif defer == 0:
         tl.store(out_ptr + i, t.to(tl.int64))
         tl.store(path_ptr + i, path)

@@ -6,13 +6,12 @@ they are allocated once per (device, stream, launch shape) for at least the call
 and reused; a call with more rows replaces them (rows rounded up to a power of two).
 The kernels index rows by their program id, so the buffers are passed whole.
 
-Three of them must hold a known value when a call starts, and the call's own launches
-put it back for every row they touch: the lanes' maxima ``a1`` (-inf: read 1 merges with
-atomic max), the candidate counters ``n_c`` (0: read 2 takes slots with atomic adds) and
-the row tickets ``ticket`` (0: with the fused decide, the last read-1 program of a row is
-the one that counts n_parts - 1). The wide finish resets a1 and n_c, the ticket winner
-its ticket. A call that fails on the host part-way drops its workspace (``discard``),
-so a half-run call never leaves stale values behind.
+Two of them must hold a known value when a call starts, and the call's own launches put
+it back for every row they touch: the candidate counters ``n_c`` (0: read 2 takes slots
+with atomic adds) and the row tickets ``ticket`` (0: with the fused decide, the last
+read-1 program of a row is the one that counts n_parts - 1). The wide finish resets n_c,
+the ticket winner its ticket. A call that fails on the host part-way drops its workspace
+(``discard``), so a half-run call never leaves stale values behind.
 """
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ class SplitWorkspace:
         self.part_f = torch.empty((rows, n_parts, 2), dtype=f32, device=dev)
         self.part_nf = torch.empty((rows, n_parts), dtype=i32, device=dev)
         self.part_a = torch.empty((rows, n_parts), dtype=f32, device=dev)
-        self.a1 = torch.full((rows, block), float("-inf"), dtype=f32, device=dev)
+        self.a1 = torch.empty((rows, n_parts, block), dtype=f32, device=dev)
         self.tmax = torch.empty((rows, n_tiles), dtype=f32, device=dev)
         self.row_f = torch.empty((rows, 4), dtype=f32, device=dev)
         self.row_i = torch.empty((rows, 4), dtype=i32, device=dev)
