@@ -9,10 +9,9 @@ or SPLIT programs per row (a contiguous part each), at a few tile widths and war
   fullz  ``gumbel_pass`` with the lane maxima, Z and tile maxima (top-p's read 1)
   stats  ``gumbel_pass`` with the statistics of fullz and no draw (nucleus first's read 1)
   lists3 / lists3nt / lists2  ``lane_lists_pass`` (read 1 of the lane lists, the Sampler's
-         default since session 6) with RAW false (the scaled loop of session 6): depth 3
-         with tile maxima / without / depth 2; the list store and the atomics of the
-         sampler's read 1 are left out
-  raw3 / raw3nt / raw2  the same with RAW true (session 7: raw logits, tile numbers)
+         default since session 6): depth 3 with tile maxima / without / depth 2; the
+         list store and the part statistics of the sampler's read 1 are left out (session
+         7 measured its former scaled loop against this one: RESULTS.md)
 
 Times are GPU times (CUDA events around back-to-back launches), next to torch's copy
 (half of it is "one read"), amax and sum over the rows on the same tensor.
@@ -36,7 +35,7 @@ from core_runner.kernels.gumbel_sample import (
 from core_runner.kernels.lane_lists_triton import lane_lists_pass
 
 MODES = {"read": 0, "hash": 1, "bound": 2, "full": 3, "fullz": 4, "stats": 7, "lists3": 8, "lists3nt": 9,
-         "lists2": 10, "raw3": 11, "raw3nt": 12, "raw2": 13}
+         "lists2": 10}
 
 
 @triton.jit
@@ -58,9 +57,8 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
                                               FAST_LOG, BLOCK, NT, 1, lo, DRAW=MODE != 7)
         res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
     elif MODE >= 8:
-        a1, i1, a2, i2, bound, nf, m, z, tm = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NT,
-                                                              2 if (MODE == 10) | (MODE == 13) else 3,
-                                                              (MODE != 9) & (MODE != 12), MODE >= 11)
+        a1, i1, a2, i2, bound, nf, m, z, tm = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NT, 3 if MODE < 10 else 2,
+                                                              MODE != 9)
         res = (tl.max(a1, axis=0) + tl.max(tl.where(bound > -float("inf"), bound + a2, 0.0), axis=0)
                + (tl.max(i1 + i2, axis=0) & 1)
                + nf + m + z + tl.max(tl.where(tm < float("inf"), tm, 0.0), axis=0))
@@ -124,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
     shapes = [(1, 2048, 8), (8, 512, 1), (16, 512, 1), (16, 256, 1), (4, 1024, 2), (8, 1024, 4), (4, 2048, 4)]
     list_shapes = [(8, 512, 2), (8, 512, 1), (16, 256, 1), (16, 512, 2), (8, 1024, 4)]
     # (the other modes: smoke test, RESULTS.md)
-    for mode in ("read", "stats", "lists3", "raw3", "lists3nt", "raw3nt", "lists2", "raw2"):
+    for mode in ("read", "stats", "lists3", "lists3nt", "lists2"):
         for split, block, warps in (shapes if mode in ("read", "stats") else list_shapes):
             ms = _time_ms(lambda: probe(logits, mode, split, block, warps))
             key = f"{mode}_s{split}_b{block}_w{warps}"

@@ -23,10 +23,11 @@ How far the lists reach: random logits (N(0, 4^2) / 0.7, vocab 151,936, 8 x 512 
 have nuclei of 31 (median) to ~160 tokens at p = 0.9; DEPTH 2 knows the top ~76 tokens
 (median; the first two tokens sharing a lane), DEPTH 3 the top ~440 (the first three),
 with ~110 (at most ~240) entries per part. The pass keeps Z per lane (an online sum),
-so without tile maxima its loop has no reduction across lanes. H200, s8 b512 w2 (session
-6): 0.275 ms with tile maxima, 0.281 without; a first version with per-tile Z and one
-tile in flight 0.308 (0.43 at 1 warp, 213 registers): the per-tile reductions are not
-what costs, the ~20 instructions per token and the registers are.
+so without tile maxima its loop has no reduction across lanes. What it costs is its
+instructions per token: H200, s8 b512 w2, the pass alone (probe): session 6's loop
+(scaled values, masked 4-byte loads, ~31 SASS instructions a token) 0.256 ms with tile
+maxima; session 7's (raw logits, tile numbers, unmasked 16-byte loads, unrolled by 2:
+~17 a token) 0.184 with tile maxima and 0.166 without (a bare read: 0.151).
 
 The finite count of these rows is the number of lanes holding a finite value: it is
 only used for top-k (off here) and to tell a row of -inf (0).
@@ -41,29 +42,13 @@ from core_runner.kernels.top_k_top_p_triton import _key, _value
 
 
 @triton.jit
-def _lane_update(x, cols, a1, i1, a2, i2, a3, zl, DEPTH: tl.constexpr):
-    """One tile into the lanes' top entries and their mass zl = sum exp(x - a1) (online
-    per lane: no reduction across lanes, so no barrier in the loop)."""
-    take1 = x > a1
-    # exp(-|x - a1|) (0 for x = -inf): the new token's weight, or the rescale of the old sum
-    e = tl.where(x > -float("inf"),
-                 tl.math.exp2((tl.minimum(x, a1) - tl.maximum(x, a1)) * 1.4426950408889634), 0.0)
-    zl = tl.where(take1, zl * e + 1.0, zl + e)
-    if DEPTH == 3:
-        a3 = tl.maximum(a3, tl.minimum(a2, x))
-        i2 = tl.where(take1, i1, tl.where(x > a2, cols, i2))
-    a2 = tl.maximum(a2, tl.minimum(a1, x))
-    a1 = tl.where(take1, x, a1)
-    i1 = tl.where(take1, cols, i1)
-    return a1, i1, a2, i2, a3, zl
-
-
-@triton.jit
-def _lane_update_raw(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH: tl.constexpr):
-    """``_lane_update`` on the raw logits x (the order of x * inv_t, which is monotone),
-    with the tile number j for a column and c = inv_t * log2(e): no scaling per token,
-    no test for -inf (a1 is held at -FLT_MAX or above in the difference: x = -inf
-    weighs exp2(-inf) = 0), ~16 instructions a token against ~22."""
+def _lane_update(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH: tl.constexpr):
+    """One tile of raw logits x into the lanes' top entries (a1, i1, a2, i2, a3; i1 and i2
+    tile numbers, j this tile's) and their mass zl = sum exp((x - a1) * inv_t), online
+    per lane (no reduction across lanes, so no barrier in the loop); c = inv_t * log2(e).
+    Comparing raw logits keeps the order of x * inv_t (monotone), so no token is scaled;
+    no test for -inf either: a1 is held at -FLT_MAX or above in the difference, and x =
+    -inf weighs exp2(-inf) = 0."""
     take1 = x > a1
     e = tl.math.exp2(tl.abs(x - tl.maximum(a1, -3.4028234663852886e38)) * -c)
     zl = tl.where(take1, zl * e + 1.0, zl + e)
@@ -77,36 +62,8 @@ def _lane_update_raw(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH: tl.constexpr):
 
 
 @triton.jit
-def _scaled_loop(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, TMAX: tl.constexpr):
-    """The loop of session 6 (``lane_lists_pass`` with RAW false): scaled values, columns,
-    masked loads of every tile."""
-    lanes = tl.arange(0, BLOCK)
-    a1 = tl.full([BLOCK], -float("inf"), tl.float32)
-    a2 = tl.full([BLOCK], -float("inf"), tl.float32)
-    a3 = tl.full([BLOCK], -float("inf"), tl.float32)
-    zl = tl.zeros([BLOCK], tl.float32)
-    i1 = lo + lanes
-    i2 = lo + lanes
-    tiles = tl.arange(0, NT)
-    tmax = tl.full([NT], float("inf"), tl.float32)
-    if TMAX:
-        tmax = tl.full([NT], -float("inf"), tl.float32)
-    nxt = tl.load(row + lo + lanes, mask=lo + lanes < hi, other=-float("inf"))
-    nxt2 = tl.load(row + lo + BLOCK + lanes, mask=lo + BLOCK + lanes < hi, other=-float("inf"))
-    for start in tl.range(lo, hi, BLOCK, num_stages=1):
-        cols = start + lanes
-        x = nxt.to(tl.float32) * inv_t
-        nxt = nxt2
-        nxt2 = tl.load(row + 2 * BLOCK + cols, mask=cols + 2 * BLOCK < hi, other=-float("inf"))
-        a1, i1, a2, i2, a3, zl = _lane_update(x, cols, a1, i1, a2, i2, a3, zl, DEPTH)
-        if TMAX:
-            tmax = tl.where(tiles == (start - lo) // BLOCK, tl.max(x, axis=0), tmax)
-    return a1, i1, a2, i2, a3, zl, tmax
-
-
-@triton.jit
-def _raw_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, TMAX: tl.constexpr):
-    """The loop of RAW: raw logits, tile numbers, c = inv_t * log2(e). The full tiles are
+def _lane_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, TMAX: tl.constexpr):
+    """The loop of ``lane_lists_pass`` (c = inv_t * log2(e)). The full tiles are
     read without a mask (so the loads are 16-byte vectors: no per-token address and mask
     work), each two tiles ahead (the last full tile is read again past the end, never
     beyond hi); the partial tile, if any, is read once after the loop, masked."""
@@ -131,13 +88,13 @@ def _raw_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.c
         x = nxt.to(tl.float32)
         nxt = nxt2
         nxt2 = tl.load(base + tl.minimum(j + 2, last) * BLOCK)
-        a1, i1, a2, i2, a3, zl = _lane_update_raw(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH)
+        a1, i1, a2, i2, a3, zl = _lane_update(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH)
         if TMAX:
             tmax = tl.where(tiles == j, tl.max(x, axis=0), tmax)
     rest = hi - lo - n_full * BLOCK
     if rest > 0:
         x = tl.load(base + n_full * BLOCK, mask=lanes < rest, other=-float("inf")).to(tl.float32)
-        a1, i1, a2, i2, a3, zl = _lane_update_raw(x, n_full, a1, i1, a2, i2, a3, zl, c, DEPTH)
+        a1, i1, a2, i2, a3, zl = _lane_update(x, n_full, a1, i1, a2, i2, a3, zl, c, DEPTH)
         if TMAX:
             tmax = tl.where(tiles == n_full, tl.max(x, axis=0), tmax)
     return a1, i1, a2, i2, a3, zl, tmax
@@ -145,30 +102,25 @@ def _raw_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.c
 
 @triton.jit
 def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr,
-                    TMAX: tl.constexpr, RAW: tl.constexpr = True):
+                    TMAX: tl.constexpr):
     """One read of the columns [lo, hi) (lo a multiple of BLOCK) of x = logit * inv_t:
     (a1, i1, a2, i2, bound per lane, lanes holding a finite x, max, Z = sum exp(x - max),
     tile maxima [NT]). a2 and i2 are the second entry (i2 meaningless with DEPTH 2); the
     per-lane bound is a2 (DEPTH 2) or a3 (DEPTH 3). TMAX false: no per-tile reduction,
     the tile maxima are +inf (a later read of the row then visits every tile). Two tiles
-    are in flight ahead of the one being processed. RAW (the default): the loop compares
-    raw logits and keeps tile numbers (``_lane_update_raw``), scaled and turned into
-    columns after it: the same values (one multiply each, as the reference's) and the
-    same entries, since x > y implies x * inv_t >= y * inv_t (the lists keep entries
-    above the bound in the scaled order, where the claim of the module docstring holds as
-    well); RAW false: the scaled loop of session 6 (the probe times both)."""
-    if RAW:
-        a1, i1, a2, i2, a3, zl, tmax = _raw_loop(row, lo, hi, inv_t * 1.4426950408889634, BLOCK, NT, DEPTH, TMAX)
-    else:
-        a1, i1, a2, i2, a3, zl, tmax = _scaled_loop(row, lo, hi, inv_t, BLOCK, NT, DEPTH, TMAX)
-    if RAW:  # to the scaled values (x * inv_t, -inf stays) and columns
-        a1 = a1 * inv_t
-        a2 = a2 * inv_t
-        a3 = a3 * inv_t
-        i1 = lo + i1 * BLOCK + tl.arange(0, BLOCK)
-        i2 = lo + i2 * BLOCK + tl.arange(0, BLOCK)
-        if TMAX:
-            tmax = tmax * inv_t
+    are in flight ahead of the one being processed. The loop compares raw logits and keeps
+    tile numbers (``_lane_update``); they are scaled and turned into columns after it: the
+    same values (one multiply each, as the reference's) and the same entries, since x > y
+    implies x * inv_t >= y * inv_t (the lists keep entries above the bound in the scaled
+    order, where the claim of the module docstring holds as well)."""
+    a1, i1, a2, i2, a3, zl, tmax = _lane_loop(row, lo, hi, inv_t * 1.4426950408889634, BLOCK, NT, DEPTH, TMAX)
+    a1 = a1 * inv_t  # (-inf stays)
+    a2 = a2 * inv_t
+    a3 = a3 * inv_t
+    i1 = lo + i1 * BLOCK + tl.arange(0, BLOCK)
+    i2 = lo + i2 * BLOCK + tl.arange(0, BLOCK)
+    if TMAX:
+        tmax = tmax * inv_t
     m = tl.max(a1, axis=0)
     z = tl.sum(tl.where(a1 > -float("inf"), zl * tl.exp(a1 - m), 0.0), axis=0)
     bound = a2

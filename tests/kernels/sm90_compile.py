@@ -139,7 +139,7 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
 
         return run(x, mode, 8, 512, 2)
 
-    for mode in ("lists3", "lists3nt", "lists2", "raw3", "raw3nt", "raw2"):
+    for mode in ("lists3", "lists3nt", "lists2"):
         cases[f"probe_{mode}"] = lambda mode=mode: probe(mode)
     for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
         cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
