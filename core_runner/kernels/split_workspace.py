@@ -50,7 +50,10 @@ def _key(dev: torch.device, *shape: int) -> tuple:
 
 def split_workspace(n: int, dev: torch.device, n_parts: int, block: int, n_tiles: int, cap: int,
                     slots: int) -> SplitWorkspace:
-    """The workspace for n rows of this launch shape on the current stream of dev."""
+    """The workspace for n rows of this launch shape on the current stream of dev. Inside a
+    CUDA graph capture a fresh one, not cached (its memory belongs to the graph's pool)."""
+    if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return SplitWorkspace(n, dev, n_parts, block, n_tiles, cap, slots)
     key = _key(dev, n_parts, block, n_tiles, cap, slots)
     ws = _CACHE.get(key)
     if ws is None or ws.rows < n:
