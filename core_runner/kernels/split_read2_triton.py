@@ -28,6 +28,17 @@ def _part_tile(base, j, n_full, rest, lanes, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _above(raw, j, inv_t, lo_v, tm_row, TMAX: tl.constexpr):
+    """Tile j scaled, and which of its tokens are > lo_v (none when read 1's tile max says
+    so, with TMAX)."""
+    x = raw.to(tl.float32) * inv_t
+    lo_t = lo_v
+    if TMAX:
+        lo_t = tl.where(tl.load(tm_row + j) > lo_v, lo_v, float("inf"))
+    return x, x > lo_t
+
+
+@triton.jit
 def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr,
                   vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, CAP: tl.constexpr, TMAX: tl.constexpr):
     """Read 2 of program (i, s) on a row the decide launch sent here, in two passes over
@@ -52,13 +63,9 @@ def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, 
         nxt = _part_tile(base, 0, n_full, rest, lanes, BLOCK)
         nxt2 = _part_tile(base, 1, n_full, rest, lanes, BLOCK)
         for jj in range(0, n_t):
-            x = nxt.to(tl.float32) * inv_t
+            x, gt = _above(nxt, jj, inv_t, lo_v, tm_row, TMAX)
             nxt = nxt2
             nxt2 = _part_tile(base, jj + 2, n_full, rest, lanes, BLOCK)
-            lo_t = lo_v
-            if TMAX:  # a tile under lo: nothing of it passes
-                lo_t = tl.where(tl.load(tm_row + jj) > lo_v, lo_v, float("inf"))
-            gt = x > lo_t
             a += tl.where(gt, tl.exp(x - m), 0.0)
             cnt += gt.to(tl.int32)
         tl.store(part_a_ptr + i * n_parts + s, tl.sum(a, axis=0))
@@ -70,13 +77,9 @@ def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, 
             nxt = _part_tile(base, 0, n_full, rest, lanes, BLOCK)
             nxt2 = _part_tile(base, 1, n_full, rest, lanes, BLOCK)
             for jj in range(0, n_t):
-                x = nxt.to(tl.float32) * inv_t
+                x, gt = _above(nxt, jj, inv_t, lo_v, tm_row, TMAX)
                 nxt = nxt2
                 nxt2 = _part_tile(base, jj + 2, n_full, rest, lanes, BLOCK)
-                lo_t = lo_v
-                if TMAX:  # a tile under lo: nothing of it passes
-                    lo_t = tl.where(tl.load(tm_row + jj) > lo_v, lo_v, float("inf"))
-                gt = x > lo_t
                 tl.store(cx + at, x, mask=gt & (at < CAP))
                 tl.store(ci + at, lo + jj * BLOCK + lanes, mask=gt & (at < CAP))
                 at += gt.to(tl.int32)
