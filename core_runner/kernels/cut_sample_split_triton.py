@@ -1,7 +1,8 @@
 """The fused cut sampler with each row spread over S programs (``split`` of
 ``sample_with_cuts_triton``): the same tokens as the one-program-per-row kernel of
 ``cut_sample_triton.py`` (whose docstring holds the definitions and the arguments), in
-five launches (six with nucleus first) and no host read.
+five launches (six with nucleus first, four when every row is top-p alone with lane
+lists: the decide then runs at the end of read 1) and no host read.
 
 1. ``_read1_kernel`` (rows x S; twice with nucleus first): every program draws over its
    part of the row (whole tiles) and keeps the part's token, max, mass relative to it,
@@ -61,7 +62,6 @@ from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
 # would halve the read-1 programs an SM holds; capped, the decide (one program in n_parts)
 # spills a little instead
 FUSED_MAXNREG = 128
-
 
 
 @triton.jit
@@ -193,8 +193,8 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
                 ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
                 NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
-    """Step 2 for row i (the decide launch's program i, or with ``fuse_decide`` the last
-    read-1 program of the row to finish)."""
+    """Step 2 for row i: the decide launch's program i or, with ``all_top_p`` and lists
+    (FUSE of ``_read1_kernel``), the last read-1 program of the row to finish."""
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)

@@ -49,7 +49,7 @@ from core_runner.sample.penalties import apply_penalties
 # former draw-first shape; RESULTS.md session 6).
 # Session 7: read 1 of the lists on raw logits with 16-byte loads and no tile maxima (read 2,
 # for the few rows the lists miss, reads every tile, prefetched); with ``all_top_p`` the
-# decide runs at the end of read 1 (``fuse_decide``: one launch fewer).
+# decide runs at the end of read 1 (one launch fewer).
 # search_block 256 (was 64): the pivot search of rows whose nucleus the lists and read 2 do
 # not hold (flat rows) reads 4x wider tiles: N(0, 2^2) logits 18.99 -> 9.85 ms, N(0, 3^2)
 # 3.53 -> 1.98 ms on the H200 (session 7).
