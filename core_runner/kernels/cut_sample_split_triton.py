@@ -49,14 +49,15 @@ import torch
 import triton
 import triton.language as tl
 
-from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite, lane_floor
+from core_runner.kernels.cut_sample_triton import lane_floor
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
-from core_runner.kernels.split_read2_triton import _DONE, _ONE_PROGRAM, _READ2, _read2_kernel
-from core_runner.kernels.split_workspace import discard, split_workspace
+from core_runner.kernels.split_finish_triton import _DONE, _ONE_PROGRAM, _READ2, _lane_maxima
+from core_runner.kernels.split_read2_triton import _read2_kernel, read2_grid
+from core_runner.kernels.split_workspace import chunk_cols, discard, split_workspace
 from core_runner.kernels.gumbel_sample import (
     argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
 )
-from core_runner.kernels.top_k_top_p_triton import _key, _value, row_threshold
+from core_runner.kernels.top_k_top_p_triton import _key, _value
 
 # registers of read 1 with the fused decide: the decide alone would take ~190 (sm90), which
 # would halve the read-1 programs an SM holds; capped, the decide (one program in n_parts)
@@ -100,16 +101,6 @@ def _store_part_stats(a1, tmax, m, z, nf, tok, i, s, lo, hi, part_tok_ptr, part_
 
 
 @triton.jit
-def _lane_maxima(a1_ptr, i, n_parts, BLOCK: tl.constexpr):
-    """Row i's lane maxima over its parts (each part stored its own)."""
-    at = a1_ptr + (i * n_parts).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    a1 = tl.load(at)
-    for s in range(1, n_parts):
-        a1 = tl.maximum(a1, tl.load(at + s * BLOCK))
-    return a1
-
-
-@triton.jit
 def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, n_parts,
                 n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, DRAW: tl.constexpr):
     """Read 1 of program (i, s) on a sampled row: the part's token (DRAW) and statistics."""
@@ -137,7 +128,7 @@ def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_n
 @triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
                   part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, row_f_ptr, row_i_ptr,
-                  out_ptr, ticket_ptr, vocab, part, n_parts, n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
+                  out_ptr, path_ptr, work_ptr, ticket_ptr, vocab, part, n_parts, n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
                   NTP: tl.constexpr, ROWS: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr,
                   ALL: tl.constexpr, FUSE: tl.constexpr, P: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
@@ -174,23 +165,23 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
         if tl.atomic_add(ticket_ptr + i, 1, sem="acq_rel") == n_parts - 1:
             tl.store(ticket_ptr + i, 0)
             _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                        part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
+                        part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr,
                         ln_ptr, lb_ptr, n_parts, FAST_LOG, BLOCK, P, True, DEPTH, LIST, ALL)
 
 
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                   part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
+                   part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr,
                    ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
                    NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
     _decide_row(tl.program_id(0), logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr, ln_ptr,
+                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr, ln_ptr,
                 lb_ptr, n_parts, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL)
 
 
 @triton.jit
 def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, lx_ptr, li_ptr,
+                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr,
                 ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
                 NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
     """Step 2 for row i: the decide launch's program i or, with ``all_top_p`` and lists
@@ -265,84 +256,9 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
     tl.store(row_i_ptr + i * 4, state)
     tl.store(row_i_ptr + i * 4 + 2, path)
     tl.store(out_ptr + i, t)
-
-
-@triton.jit
-def _finish_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                   row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab,
-                   n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr,
-                   SBLOCK: tl.constexpr, NP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr,
-                   WIDE: tl.constexpr):
-    """Step 4 in two launches of this kernel. WIDE false (every row): the rows settled
-    by the decide launch, draws kept, and draws among at most SCAND2 candidates (narrow
-    sorts, few registers: many rows per SM); the others are left (state unchanged) to
-    WIDE true: CAP-wide candidates, the pivot search and the one-program path, whose
-    registers would otherwise slow down every row."""
-    i = tl.program_id(0)
-    row = logits_ptr + i.to(tl.int64) * s_row
-    state = tl.load(row_i_ptr + i * 4)
-    path = tl.load(row_i_ptr + i * 4 + 2)
-    t = tl.load(out_ptr + i).to(tl.int32)  # the draw paths produce int32 tokens
-    defer = 0  # (narrow launch) left to the wide one
-    if state != _DONE:
-        inv_t = tl.load(inv_t_ptr + i)
-        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        k = tl.load(top_k_ptr + i)
-        p = tl.load(top_p_ptr + i)
-        lmp = tl.load(lmp_ptr + i)
-        n_fin = tl.load(row_i_ptr + i * 4 + 1)
-        cx = cx_ptr + i.to(tl.int64) * CAP
-        ci = ci_ptr + i.to(tl.int64) * CAP
-        if state == _READ2:
-            m = tl.load(row_f_ptr + i * 4)
-            z = tl.load(row_f_ptr + i * 4 + 1)
-            lo_v = tl.load(row_f_ptr + i * 4 + 2)
-            x_t = tl.load(row_f_ptr + i * 4 + 3)
-            offs = tl.arange(0, P)
-            a_gt = tl.sum(tl.load(part_a_ptr + i * n_parts + offs, mask=offs < n_parts, other=0.0), axis=0)
-            covered = (tl.load(row_i_ptr + i * 4 + 3) == 2) | (a_gt >= p * z)  # the candidates hold S
-            if covered | (path == 7):  # (7, nucleus first: no draw to keep)
-                if path != 7:
-                    path = 2
-                n_c = tl.load(nc_ptr + i)
-                if covered & (n_c <= SCAND):  # the usual few candidates: narrow sorts
-                    if not WIDE:
-                        t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND)
-                elif covered & (n_c <= SCAND2):
-                    if not WIDE:
-                        t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
-                elif WIDE:
-                    if covered & (n_c <= CAP):
-                        t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
-                    else:
-                        path = 3
-                        mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
-                        # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
-                        hint = tl.where(covered, lo_v, -float("inf"))
-                        thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, hint, cx, SBLOCK, NP,
-                                            CAP)
-                        t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False,
-                                                                False, FAST_LOG, BLOCK, 1, 1, 0)
-                else:
-                    defer = 1
-        elif WIDE:
-            a1 = _lane_maxima(a1_ptr, i, n_parts, BLOCK)
-            a2 = tl.full([BLOCK], -float("inf"), tl.float32)
-            t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx, ci,
-                               FAST_LOG, BLOCK, CAP, SBLOCK, NP, 1, 1, 1)
-        else:
-            defer = 1
-    if WIDE:
-        if state != _DONE:  # (left by the narrow launch)
-            tl.store(out_ptr + i, t.to(tl.int64))
-            tl.store(path_ptr + i, path)
-        # the last launch puts the row's candidate counter back to 0 (``split_workspace``)
-        tl.debug_barrier()
-        tl.store(nc_ptr + i, 0)
-    elif defer == 0:
-        tl.store(out_ptr + i, t.to(tl.int64))
-        tl.store(path_ptr + i, path)
-        tl.store(row_i_ptr + i * 4, _DONE)
+    tl.store(path_ptr + i, path)  # (the finish overwrites it for an open row)
+    if state != _DONE:  # the row goes on the work list of read 2 and the finish
+        tl.store(work_ptr + 2 + tl.atomic_add(work_ptr, 1), i)
 
 
 def sample_with_cuts_split(
@@ -398,7 +314,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     """The launches of ``sample_with_cuts_split`` on its workspace."""
     n = logits.shape[0]
     dev = logits.device
-    part_tok, part_f, part_nf, part_a, a1, tmax = ws.part_tok, ws.part_f, ws.part_nf, ws.part_a, ws.a1, ws.tmax
+    part_tok, part_f, part_nf, a_chunks, a1, tmax = ws.part_tok, ws.part_f, ws.part_nf, ws.a_chunks, ws.a1, ws.tmax
     row_f, row_i, n_c, cand_x, cand_i = ws.row_f, ws.row_i, ws.n_c, ws.cand_x, ws.cand_i
     lx, li, ln, lb = ws.lx, ws.li, ws.ln, ws.lb
     fast_log = use_fast_log(dev)
@@ -409,7 +325,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     fuse = all_top_p and lists > 0  # one read-1 launch, which decides each row at its end
     for rows, name in read1:
         _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
-                                    lx, li, ln, lb, row_f, row_i, out, ws.ticket, vocab, part, n_parts, n_tiles,
+                                    lx, li, ln, lb, row_f, row_i, out, paths, ws.work, ws.ticket, vocab, part, n_parts, n_tiles,
                                     FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
                                     DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
                                     ALL=all_top_p, FUSE=fuse, P=pp, num_warps=num_warps,
@@ -417,21 +333,17 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
         _mark(marks, name)
     if not fuse:
         _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                             lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first,
+                             paths, ws.work, lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first,
                              DEPTH=lists, LIST=list_slots, ALL=all_top_p, num_warps=row_warps)
         _mark(marks, "decide")
-    _read2_kernel[(n, n_parts)](logits, s_row, inv, row_f, row_i, tmax, n_c, part_a, cand_x, cand_i, vocab, part,
-                                n_parts, n_tiles, BLOCK=block, CAP=cap, TMAX=tile_max or not lists,
-                                num_warps=num_warps)
+    n_chunks = a_chunks.shape[1]
+    _read2_kernel[(read2_grid(dev, n, n_chunks),)](
+        logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, tmax, n_c, a_chunks, cand_x, cand_i, out, paths,
+        ws.work, ws.ticket, vocab, n_parts, n_tiles, n_chunks, FAST_LOG=fast_log, BLOCK=block, CAP=cap,
+        SBLOCK=search_block, NP=num_pivots, NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap),
+        SCAND2=min(256, cap), CHUNK=chunk_cols(block), CT=chunk_cols(block) // block, TMAX=tile_max or not lists,
+        num_warps=row_warps)
     _mark(marks, "read2")
-    _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
-                         paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
-                         NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), WIDE=False, num_warps=row_warps)
-    _mark(marks, "finish")
-    _finish_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, n_c, part_a, cand_x, cand_i, out,
-                         paths, vocab, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, CAP=cap, SBLOCK=search_block,
-                         NP=num_pivots, SCAND=min(64, cap), SCAND2=min(256, cap), WIDE=True, num_warps=row_warps)
-    _mark(marks, "finish_wide")
 
 
 def _mark(marks: list | None, name: str) -> None:

@@ -1,85 +1,101 @@
-"""Read 2 of the split cut sampler (``cut_sample_split_triton``, step 3): for each row
-the decide launch sent on (state ``_READ2``), every program of the row sums the mass of
-its part's tokens > lo and stores those tokens as the row's candidates. Also the row
-states that the decide launch leaves for read 2 and the finish.
+"""Read 2 of the split cut sampler (``cut_sample_split_triton``, step 3) and its finish,
+one launch over the rows the decide left open.
+
+The decide appends each open row to a work list (``work[2:]``, its length in ``work[0]``),
+so read 2 does not start a program per row and part to find most rows done: it runs a
+fixed grid of programs (a few per SM) over the work items (list row, chunk of CHUNK
+columns). A chunk of a row in state ``_READ2`` is one load of CHUNK tokens: the mass of
+its tokens > lo (stored per chunk, summed in chunk order by the finish) and those tokens
+as the row's candidates (slots taken with one atomic add per chunk; the finish sorts
+them, so their order does not matter). Small chunks spread the handful of rows the lane
+lists miss over many programs: session 7's read 2, two passes of each row's parts on its
+8 programs, was latency-bound at ~0.04 ms for 6 rows (H200).
+
+The last chunk of a row to finish (a ticket per row, acquire-release, as read 1's fused
+decide) runs the row's finish (``split_finish_triton``); a row in state ``_ONE_PROGRAM``
+(other cuts) is finished by its chunk 0 with no read. The last row to finish puts the
+list's length and its own counter (``work[1]``) back to 0 for the next call.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from core_runner.kernels.gumbel_sample import row_part
-
-# row states after the decide launch
-_DONE = tl.constexpr(0)
-_READ2 = tl.constexpr(1)  # top-p alone, draw below the max: read 2 and the finish
-_ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
+from core_runner.kernels.split_finish_triton import _ONE_PROGRAM, _READ2, _finish_row
 
 
 @triton.jit
-def _part_tile(base, j, n_full, rest, lanes, BLOCK: tl.constexpr):
-    """Tile j of a part (base: its first column's pointers): unmasked (16-byte loads) when
-    full, else the rest columns of the partial tile and -inf past them (all -inf past it)."""
-    if j < n_full:
-        x = tl.load(base + j * BLOCK)
-    else:
-        x = tl.load(base + j * BLOCK, mask=lanes < rest - (j - n_full) * BLOCK, other=-float("inf"))
-    return x
-
-
-@triton.jit
-def _above(raw, j, inv_t, lo_v, tm_row, TMAX: tl.constexpr):
-    """Tile j scaled, and which of its tokens are > lo_v (none when read 1's tile max says
-    so, with TMAX)."""
-    x = raw.to(tl.float32) * inv_t
-    lo_t = lo_v
+def _read2_chunk(row, i, c, inv_t, m, lo_v, tmax_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, vocab, n_tiles,
+                 n_chunks, CAP: tl.constexpr, CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr):
+    """Chunk c of row i: mass{x > lo_v} into its slot of chunk_a, the tokens > lo_v into
+    the row's candidates. With TMAX (read 1 kept tile maxima) a chunk whose tiles all have
+    their max <= lo_v is not read."""
+    read = True
     if TMAX:
-        lo_t = tl.where(tl.load(tm_row + j) > lo_v, lo_v, float("inf"))
-    return x, x > lo_t
+        tiles = c * CT + tl.arange(0, CT)
+        read = tl.max(tl.load(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, mask=tiles < n_tiles,
+                              other=-float("inf")), axis=0) > lo_v
+    a = tl.zeros([], tl.float32)
+    if read:
+        cols = c * CHUNK + tl.arange(0, CHUNK)
+        x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
+        gt = x > lo_v
+        a = tl.sum(tl.where(gt, tl.exp(x - m), 0.0), axis=0)
+        cnt = tl.sum(gt.to(tl.int32), axis=0)
+        if cnt > 0:
+            at = tl.atomic_add(nc_ptr + i, cnt) + tl.cumsum(gt.to(tl.int32), axis=0) - 1
+            tl.store(cx_ptr + i.to(tl.int64) * CAP + at, x, mask=gt & (at < CAP))
+            tl.store(ci_ptr + i.to(tl.int64) * CAP + at, cols, mask=gt & (at < CAP))
+    tl.store(chunk_a_ptr + i * n_chunks + c, a)
 
 
 @triton.jit
-def _read2_kernel(logits_ptr, s_row, inv_t_ptr, row_f_ptr, row_i_ptr, tmax_ptr, nc_ptr, part_a_ptr, cx_ptr, ci_ptr,
-                  vocab, part, n_parts, n_tiles, BLOCK: tl.constexpr, CAP: tl.constexpr, TMAX: tl.constexpr):
-    """Read 2 of program (i, s) on a row the decide launch sent here, in two passes over
-    the part, each with two tiles in flight, with no reduction or atomic inside a loop (a loop that
-    summed and took slots per tile cost ~50 us for a handful of rows on the H200, session
-    7): pass A counts per lane the tokens > lo and sums their mass; one atomic add takes
-    the part's slots; pass B (the part again, from L2) stores each lane's tokens at its
-    own offset. With TMAX (read 1 kept tile maxima) a tile whose max is not above lo is
-    left out in both passes."""
-    i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
-    if tl.load(row_i_ptr + i * 4) == _READ2:
-        m = tl.load(row_f_ptr + i * 4)
-        lo_v = tl.load(row_f_ptr + i * 4 + 2)
-        lanes = tl.arange(0, BLOCK)
-        tm_row = tmax_ptr + i.to(tl.int64) * n_tiles + lo // BLOCK
-        base = row + lo + lanes
-        n_full = (hi - lo) // BLOCK
-        rest = hi - lo - n_full * BLOCK
-        n_t = tl.cdiv(hi - lo, BLOCK)
-        a = tl.zeros([BLOCK], dtype=tl.float32)
-        cnt = tl.zeros([BLOCK], dtype=tl.int32)
-        nxt = _part_tile(base, 0, n_full, rest, lanes, BLOCK)
-        nxt2 = _part_tile(base, 1, n_full, rest, lanes, BLOCK)
-        for jj in range(0, n_t):
-            x, gt = _above(nxt, jj, inv_t, lo_v, tm_row, TMAX)
-            nxt = nxt2
-            nxt2 = _part_tile(base, jj + 2, n_full, rest, lanes, BLOCK)
-            a += tl.where(gt, tl.exp(x - m), 0.0)
-            cnt += gt.to(tl.int32)
-        tl.store(part_a_ptr + i * n_parts + s, tl.sum(a, axis=0))
-        total = tl.sum(cnt, axis=0)
-        if total > 0:
-            at = tl.atomic_add(nc_ptr + i, total) + tl.cumsum(cnt, axis=0) - cnt
-            cx = cx_ptr + i.to(tl.int64) * CAP
-            ci = ci_ptr + i.to(tl.int64) * CAP
-            nxt = _part_tile(base, 0, n_full, rest, lanes, BLOCK)
-            nxt2 = _part_tile(base, 1, n_full, rest, lanes, BLOCK)
-            for jj in range(0, n_t):
-                x, gt = _above(nxt, jj, inv_t, lo_v, tm_row, TMAX)
-                nxt = nxt2
-                nxt2 = _part_tile(base, jj + 2, n_full, rest, lanes, BLOCK)
-                tl.store(cx + at, x, mask=gt & (at < CAP))
-                tl.store(ci + at, lo + jj * BLOCK + lanes, mask=gt & (at < CAP))
-                at += gt.to(tl.int32)
+def _read2_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, row_f_ptr,
+                  row_i_ptr, a1_ptr, tmax_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, work_ptr,
+                  ticket_ptr, vocab, n_parts, n_tiles, n_chunks, FAST_LOG: tl.constexpr,
+                  BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr, NP: tl.constexpr,
+                  NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr, CHUNK: tl.constexpr,
+                  CT: tl.constexpr, TMAX: tl.constexpr):
+    """Program q of the fixed grid takes the work items q, q + grid, ... (module docstring)."""
+    n_rows = tl.load(work_ptr)
+    for w in range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
+        r = w // n_chunks
+        c = w - r * n_chunks
+        i = tl.load(work_ptr + 2 + r)
+        state = tl.load(row_i_ptr + i * 4)
+        last = (c == 0) & (state == _ONE_PROGRAM)
+        if state == _READ2:
+            row = logits_ptr + i.to(tl.int64) * s_row
+            _read2_chunk(row, i, c, tl.load(inv_t_ptr + i), tl.load(row_f_ptr + i * 4), tl.load(row_f_ptr + i * 4 + 2),
+                         tmax_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, vocab, n_tiles, n_chunks, CAP, CHUNK, CT,
+                         TMAX)
+            tl.debug_barrier()  # every thread's stores of this chunk before the ticket
+            last = tl.atomic_add(ticket_ptr + i, 1, sem="acq_rel") == n_chunks - 1
+        if last:
+            tl.store(ticket_ptr + i, 0)
+            _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                        row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab,
+                        n_parts, n_chunks, FAST_LOG, BLOCK, CAP, SBLOCK, NP, NCP, SCAND, SCAND2)
+            tl.debug_barrier()
+            if tl.atomic_add(work_ptr + 1, 1, sem="acq_rel") == n_rows - 1:
+                tl.store(work_ptr, 0)
+                tl.store(work_ptr + 1, 0)
+
+
+def read2_grid(dev, n_rows: int, n_chunks: int) -> int:
+    """The fixed grid of read 2: 4 programs per SM on a GPU (at most one per work item of
+    the largest list), 2 programs on the CPU interpreter (which runs them one by one)."""
+    if dev.type != "cuda":
+        return 2
+    return max(1, min(n_rows * n_chunks, 4 * _sm_count(dev.index if dev.index is not None else 0)))
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(index: int) -> int:
+    if index not in _SMS:
+        import torch
+
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]

@@ -6,11 +6,12 @@ they are allocated once per (device, stream, launch shape) for at least the call
 and reused; a call with more rows replaces them (rows rounded up to a power of two).
 The kernels index rows by their program id, so the buffers are passed whole.
 
-Two of them must hold a known value when a call starts, and the call's own launches put
-it back for every row they touch: the candidate counters ``n_c`` (0: read 2 takes slots
-with atomic adds) and the row tickets ``ticket`` (0: with the fused decide, the last
-read-1 program of a row is the one that counts n_parts - 1). The wide finish resets n_c,
-the ticket winner its ticket. A call that fails on the host part-way drops its workspace
+Three of them must hold a known value when a call starts, and the call's own launches put
+it back: the candidate counters ``n_c`` (0: read 2 takes slots with atomic adds), the row
+tickets ``ticket`` (0: the last read-1 program of a row, with the fused decide, and the
+last read-2 chunk of a row are the ones that count to the end) and the work list's
+length and finished count ``work[:2]`` (0, 0). The finish of a row resets its n_c, each
+ticket winner its ticket, the last finish of the call the work list. A call that fails on the host part-way drops its workspace
 (``discard``), so a half-run call never leaves stale values behind.
 """
 from __future__ import annotations
@@ -20,6 +21,14 @@ import triton
 
 _CACHE: dict[tuple, "SplitWorkspace"] = {}
 
+# columns of one work item of read 2 (``split_read2_triton``): one load of a chunk
+CHUNK_COLS = 2048
+
+
+def chunk_cols(block: int) -> int:
+    """Read 2's chunk (a whole number of read 1's tiles of ``block`` columns)."""
+    return max(CHUNK_COLS, block)
+
 
 class SplitWorkspace:
     def __init__(self, rows: int, dev: torch.device, n_parts: int, block: int, n_tiles: int, cap: int, slots: int):
@@ -28,13 +37,14 @@ class SplitWorkspace:
         self.part_tok = torch.empty((rows, n_parts), dtype=torch.int64, device=dev)
         self.part_f = torch.empty((rows, n_parts, 2), dtype=f32, device=dev)
         self.part_nf = torch.empty((rows, n_parts), dtype=i32, device=dev)
-        self.part_a = torch.empty((rows, n_parts), dtype=f32, device=dev)
+        self.a_chunks = torch.empty((rows, triton.cdiv(n_tiles, chunk_cols(block) // block)), dtype=f32, device=dev)
         self.a1 = torch.empty((rows, n_parts, block), dtype=f32, device=dev)
         self.tmax = torch.empty((rows, n_tiles), dtype=f32, device=dev)
         self.row_f = torch.empty((rows, 4), dtype=f32, device=dev)
         self.row_i = torch.empty((rows, 4), dtype=i32, device=dev)
         self.n_c = torch.zeros(rows, dtype=i32, device=dev)
         self.ticket = torch.zeros(rows, dtype=i32, device=dev)
+        self.work = torch.zeros(rows + 2, dtype=i32, device=dev)  # [length, rows finished, row, row, ...]
         self.cand_x = torch.empty((rows, cap), dtype=f32, device=dev)
         self.cand_i = torch.empty((rows, cap), dtype=i32, device=dev)
         self.lx = torch.empty((rows, n_parts, slots), dtype=f32, device=dev)
@@ -54,7 +64,7 @@ def split_workspace(n: int, dev: torch.device, n_parts: int, block: int, n_tiles
     CUDA graph capture a fresh one, not cached (its memory belongs to the graph's pool)."""
     if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return SplitWorkspace(n, dev, n_parts, block, n_tiles, cap, slots)
-    key = _key(dev, n_parts, block, n_tiles, cap, slots)
+    key = _key(dev, n_parts, block, n_tiles, cap, slots, chunk_cols(block))
     ws = _CACHE.get(key)
     if ws is None or ws.rows < n:
         _CACHE.pop(key, None)  # (the old buffers go before the new ones are allocated)

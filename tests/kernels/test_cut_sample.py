@@ -357,7 +357,7 @@ def test_split_only_options_are_rejected_without_split():
 
 def test_bench_times_every_split_launch(device, monkeypatch):
     """The bench's per-launch breakdown (``marks``: CUDA events between the split sampler's
-    launches) names the six launches of nucleus first in order with a time each; on the CPU the events
+    launches) names the four launches of nucleus first in order with a time each; on the CPU the events
     are replaced by a counter (one unit per launch)."""
     from core_runner.bench.sampler_bench import _launches
     from core_runner.sample.metadata import SamplingMetadata
@@ -383,7 +383,7 @@ def test_bench_times_every_split_launch(device, monkeypatch):
     m.top_k, m.top_p = d(torch.full((n,), -1, dtype=torch.int32)), d(torch.full((n,), 0.9))
     m.log_min_p = d(torch.full((n,), NEG_INF))
     got = _launches(d(torch.randn(n, 300)), m, 2, split=2, block=64, num_warps=1, nucleus_first=True)
-    assert list(got) == ["read1", "read1_draw", "decide", "read2", "finish", "finish_wide"], got
+    assert list(got) == ["read1", "read1_draw", "decide", "read2"], got
     assert all(v >= 0 for v in got.values()) and sum(got.values()) > 0, got  # (a launch can take < 1 us)
     assert _launches(d(torch.randn(n, 300)), m, 2, split=1, block=64) is None
 
@@ -454,19 +454,26 @@ def test_all_top_p_leaves_out_the_other_rows_draw(device):
         _run(device, *args, cap=128, split=3, all_top_p=True)
 
 
-def test_split_workspace_is_reused_and_put_back(device):
+def test_split_workspace_is_reused_and_put_back(device, monkeypatch):
     """The split kernels' scratch lives between calls (``split_workspace``): calls of other
     batch sizes and options on one workspace sample the reference's tokens, and after each
-    call the candidate counters and tickets are back at 0 for the next one."""
+    call the candidate counters, tickets and the work list are back at 0 for the next one.
+    Read 2's chunks are 256 columns here, so a row is several work items (its finish runs
+    on the last one to take the row's ticket; a row with other cuts on its first)."""
     from core_runner.kernels import split_workspace as sw
 
+    monkeypatch.setattr(sw, "CHUNK_COLS", 256)
     args = _long_top_p_rows(8)
     fused = dict(cap=128, split=3, nucleus_first=True, lists=3, list_slots=64, all_top_p=True)
-    calls = [(args, fused), (tuple(t[:5] for t in args), fused), (args, dict(fused, all_top_p=False))]
+    calls = [(args, fused), (tuple(t[:5] for t in args), fused), (args, dict(fused, all_top_p=False)),
+             (_mixed_rows(2, n=20, vocab=600), dict(fused, all_top_p=False))]
     for call_args, kw in calls:
-        got, _ = _run(device, *call_args, **kw)
+        got, paths = _run(device, *call_args, **kw)
         assert torch.equal(got, _reference(*call_args)), kw
         n_tiles = -(-call_args[0].shape[1] // 64)
         (ws,) = [w for w in sw._CACHE.values()
-                 if w.lx.shape[-1] == 64 and w.cand_x.shape[-1] == 128 and w.tmax.shape[1] == n_tiles]
+                 if w.lx.shape[-1] == 64 and w.cand_x.shape[-1] == 128 and w.tmax.shape[1] == n_tiles
+                 and w.a_chunks.shape[1] == -(-n_tiles // 4)]  # chunks of 4 tiles
         assert int(ws.n_c.abs().sum()) == 0 and int(ws.ticket.abs().sum()) == 0
+        assert ws.work[:2].tolist() == [0, 0]
+    assert {1, 2, 3, 7} <= set(paths.tolist()), paths  # the mixed rows: one-program cuts, read 2, pivot search

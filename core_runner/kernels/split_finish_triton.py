@@ -1,0 +1,89 @@
+"""The finish of the split cut sampler (``cut_sample_split_triton``, step 4) for one row
+the decide left open: it runs at the end of read 2 (``split_read2_triton``), on the last
+program of the row to finish its chunks, or on the row's first work item when the row
+needs no read 2 (other cuts: the one-program path). Also the row states the decide
+leaves for read 2 and the finish, and the merge of the parts' lane maxima.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite
+from core_runner.kernels.gumbel_sample import gumbel_pass, row_keys
+from core_runner.kernels.top_k_top_p_triton import row_threshold
+
+# row states after the decide
+_DONE = tl.constexpr(0)
+_READ2 = tl.constexpr(1)  # top-p alone, draw below the max: read 2 and the finish
+_ONE_PROGRAM = tl.constexpr(2)  # other cuts: the one-program path in the finish
+
+
+@triton.jit
+def _lane_maxima(a1_ptr, i, n_parts, BLOCK: tl.constexpr):
+    """Row i's lane maxima over its parts (each part stored its own)."""
+    at = a1_ptr + (i * n_parts).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    a1 = tl.load(at)
+    for s in range(1, n_parts):
+        a1 = tl.maximum(a1, tl.load(at + s * BLOCK))
+    return a1
+
+
+@triton.jit
+def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, row_f_ptr,
+                row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab, n_parts, n_chunks,
+                FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
+                NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr):
+    """Step 4 for row i (state ``_READ2`` or ``_ONE_PROGRAM``). ``_READ2``: A = mass{x > lo}
+    (read 2's chunk sums, in chunk order) >= p Z, or mode 2, means the candidates hold the
+    nucleus: the draw among them (the narrowest sort that holds them), or past the
+    capacity the exact pivot search; A < p Z keeps the draw. ``_ONE_PROGRAM``: the rows
+    with top-k or min-p on one program (``_cut_row``) with the merged lane maxima (their
+    second maxima are not kept, which only loosens the top-k lower bound; the same
+    result). Stores the token and path, and puts the row's candidate counter back to 0."""
+    row = logits_ptr + i.to(tl.int64) * s_row
+    state = tl.load(row_i_ptr + i * 4)
+    path = tl.load(row_i_ptr + i * 4 + 2)
+    t = tl.load(out_ptr + i).to(tl.int32)  # the draw paths produce int32 tokens
+    inv_t = tl.load(inv_t_ptr + i)
+    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+    k = tl.load(top_k_ptr + i)
+    p = tl.load(top_p_ptr + i)
+    lmp = tl.load(lmp_ptr + i)
+    n_fin = tl.load(row_i_ptr + i * 4 + 1)
+    cx = cx_ptr + i.to(tl.int64) * CAP
+    ci = ci_ptr + i.to(tl.int64) * CAP
+    if state == _READ2:
+        m = tl.load(row_f_ptr + i * 4)
+        z = tl.load(row_f_ptr + i * 4 + 1)
+        lo_v = tl.load(row_f_ptr + i * 4 + 2)
+        x_t = tl.load(row_f_ptr + i * 4 + 3)
+        offs = tl.arange(0, NCP)
+        a_gt = tl.sum(tl.load(chunk_a_ptr + i * n_chunks + offs, mask=offs < n_chunks, other=0.0), axis=0)
+        covered = (tl.load(row_i_ptr + i * 4 + 3) == 2) | (a_gt >= p * z)  # the candidates hold S
+        if covered | (path == 7):  # (7, nucleus first: no draw to keep)
+            if path != 7:
+                path = 2
+            n_c = tl.load(nc_ptr + i)
+            if covered & (n_c <= SCAND):  # the usual few candidates: narrow sorts
+                t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND)
+            elif covered & (n_c <= SCAND2):
+                t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
+            elif covered & (n_c <= CAP):
+                t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
+            else:
+                path = 3
+                mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
+                # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
+                hint = tl.where(covered, lo_v, -float("inf"))
+                thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, hint, cx, SBLOCK, NP, CAP)
+                t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False,
+                                                        False, FAST_LOG, BLOCK, 1, 1, 0)
+    else:
+        a1 = _lane_maxima(a1_ptr, i, n_parts, BLOCK)
+        a2 = tl.full([BLOCK], -float("inf"), tl.float32)
+        t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx, ci,
+                           FAST_LOG, BLOCK, CAP, SBLOCK, NP, 1, 1, 1)
+    tl.store(out_ptr + i, t.to(tl.int64))
+    tl.store(path_ptr + i, path)
+    tl.store(nc_ptr + i, 0)
