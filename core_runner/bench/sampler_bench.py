@@ -24,7 +24,8 @@ from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import Sampler, cut_shape
 
 # the path codes of ``sample_with_cuts_triton``
-PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 7: "nucleus first", 8: "lane lists"}
+PATH_NAMES = {0: "no cut", 1: "kept", 2: "redrawn", 3: "searched", 4: "histogram rounds", 7: "nucleus first",
+              8: "lane lists"}
 
 
 def _sync(device: torch.device) -> None:

@@ -52,8 +52,9 @@ import triton.language as tl
 from core_runner.kernels.cut_sample_triton import lane_floor
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
 from core_runner.kernels.split_finish_triton import _DONE, _ONE_PROGRAM, _READ2, _lane_maxima
-from core_runner.kernels.split_read2_triton import _read2_kernel, read2_grid
-from core_runner.kernels.split_workspace import chunk_cols, discard, split_workspace
+from core_runner.kernels.split_read2_triton import _round_kernel, read2_grid
+from core_runner.kernels.split_rounds_triton import first_bracket
+from core_runner.kernels.split_workspace import HIST_PIVOTS, HIST_SUB, MAX_ROUNDS, chunk_cols, discard, split_workspace
 from core_runner.kernels.gumbel_sample import (
     argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
 )
@@ -73,9 +74,11 @@ def _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i):
 
 
 @triton.jit
-def _send_to_read2(row_f_ptr, row_i_ptr, i, mode, m, z, lo, x_t):
+def _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, vocab, NPV: tl.constexpr):
     """The decide launch's record of a row for read 2 and the finish: mode 1 tests a draw
-    (A = mass{x > lo} against p Z), mode 2 gathers the nucleus (the tokens > lo hold it)."""
+    (A = mass{x > lo} against p Z), mode 2 gathers the nucleus (the tokens > lo hold it);
+    and the first bracket of the histogram rounds (``split_rounds_triton``)."""
+    first_bracket(brk_ptr + i * (NPV + 4), m, z, p, lo, mode == 2, vocab, NPV)
     tl.store(row_i_ptr + i * 4 + 3, mode)
     tl.store(row_f_ptr + i * 4, m)
     tl.store(row_f_ptr + i * 4 + 1, z)
@@ -128,9 +131,10 @@ def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_n
 @triton.jit
 def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, part_tok_ptr,
                   part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, row_f_ptr, row_i_ptr,
-                  out_ptr, path_ptr, work_ptr, ticket_ptr, vocab, part, n_parts, n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
-                  NTP: tl.constexpr, ROWS: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr,
-                  ALL: tl.constexpr, FUSE: tl.constexpr, P: tl.constexpr):
+                  out_ptr, path_ptr, work_ptr, brk_ptr, ticket_ptr, vocab, part, n_parts, n_tiles,
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
+                  DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ALL: tl.constexpr, FUSE: tl.constexpr,
+                  P: tl.constexpr, NPV: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
     ROWS 2 for the others (draw or argmax). ALL (the caller's promise that every row is
@@ -139,7 +143,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
     program of a row to finish read 1 (a ticket per row, taken after a barrier with an
     acquire-release atomic, so the other parts' stores are visible to it) decides the
     row and puts the ticket back to 0."""
-    i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part)
+    i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part, True)
     nucleus = False
     if ROWS != 0:
         nucleus = (inv_t > 0) & _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
@@ -165,25 +169,28 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
         if tl.atomic_add(ticket_ptr + i, 1, sem="acq_rel") == n_parts - 1:
             tl.store(ticket_ptr + i, 0)
             _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                        part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr,
-                        ln_ptr, lb_ptr, n_parts, FAST_LOG, BLOCK, P, True, DEPTH, LIST, ALL)
+                        part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr,
+                        work_ptr, brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, True,
+                        DEPTH, LIST, ALL, NPV)
 
 
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                   part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr,
-                   ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
-                   NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
+                   part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
+                   brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr,
+                   BLOCK: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr,
+                   ALL: tl.constexpr, NPV: tl.constexpr):
     _decide_row(tl.program_id(0), logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr, ln_ptr,
-                lb_ptr, n_parts, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL)
+                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
+                brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL, NPV)
 
 
 @triton.jit
 def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr, lx_ptr, li_ptr,
-                ln_ptr, lb_ptr, n_parts, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr,
-                NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr):
+                part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
+                brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
+                P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr,
+                NPV: tl.constexpr):
     """Step 2 for row i: the decide launch's program i or, with ``all_top_p`` and lists
     (FUSE of ``_read1_kernel``), the last read-1 program of the row to finish."""
     row = logits_ptr + i.to(tl.int64) * s_row
@@ -232,7 +239,8 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     lo = tl.where(has_floor, _value(_key(floor) - 1),
                                   tl.min(tl.where(a1 > -float("inf"), a1, float("inf")), axis=0))
                     state = _READ2
-                    _send_to_read2(row_f_ptr, row_i_ptr, i, tl.where(has_floor, 2, 1), m, z, lo, -float("inf"))
+                    _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, tl.where(has_floor, 2, 1), m, z, p, lo, -float("inf"),
+                                   vocab, NPV)
                 else:
                     x_t = tl.load(row + t).to(tl.float32) * inv_t
                     if x_t < m:
@@ -244,7 +252,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                             lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
                             mode = 2  # the draw is out; read 2 gathers the tokens >= F
                         state = _READ2
-                        _send_to_read2(row_f_ptr, row_i_ptr, i, mode, m, z, lo, x_t)
+                        _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, vocab, NPV)
             else:
                 state = _ONE_PROGRAM
         tl.store(row_i_ptr + i * 4 + 1, n_fin)
@@ -258,7 +266,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
     tl.store(out_ptr + i, t)
     tl.store(path_ptr + i, path)  # (the finish overwrites it for an open row)
     if state != _DONE:  # the row goes on the work list of read 2 and the finish
-        tl.store(work_ptr + 2 + tl.atomic_add(work_ptr, 1), i)
+        tl.store(work_ptr + 4 + tl.atomic_add(work_ptr, 1), i)
 
 
 def sample_with_cuts_split(
@@ -266,7 +274,7 @@ def sample_with_cuts_split(
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
-    tile_max: bool = True, all_top_p: bool = False,
+    tile_max: bool = True, all_top_p: bool = False, rounds: int = 2,
 ) -> torch.Tensor:
     """The five launches (module docstring; four with the fused decide) for contiguous
     [n, V] logits, n > 0, on a workspace kept between calls (``split_workspace``);
@@ -288,6 +296,10 @@ def sample_with_cuts_split(
         raise ValueError(f"lists={lists} needs nucleus_first=True (the lists replace the draw of read 1)")
     if list_slots < 1 or list_slots & (list_slots - 1):
         raise ValueError(f"list_slots={list_slots} must be a power of 2")
+    if not 0 <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds={rounds}: the histogram rounds after read 2 number 0 to {MAX_ROUNDS}")
+    if logits.shape[0] > 65535:  # read 1's grid is (parts, rows): CUDA's second grid axis
+        raise ValueError(f"{logits.shape[0]} rows: the split sampler takes at most 65,535 rows a call")
     n, vocab = logits.shape
     dev = logits.device
     n_tiles = triton.cdiv(vocab, block)
@@ -302,7 +314,8 @@ def sample_with_cuts_split(
     ws = split_workspace(n, dev, n_parts, block, n_tiles, cap, list_slots)
     try:
         _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
-                search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p)
+                search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p,
+                rounds)
     except BaseException:
         discard(ws)
         raise
@@ -310,7 +323,7 @@ def sample_with_cuts_split(
 
 
 def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
-            search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p):
+            search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds):
     """The launches of ``sample_with_cuts_split`` on its workspace."""
     n = logits.shape[0]
     dev = logits.device
@@ -324,26 +337,30 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
     fuse = all_top_p and lists > 0  # one read-1 launch, which decides each row at its end
     for rows, name in read1:
-        _read1_kernel[(n, n_parts)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
-                                    lx, li, ln, lb, row_f, row_i, out, paths, ws.work, ws.ticket, vocab, part, n_parts, n_tiles,
-                                    FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
+        _read1_kernel[(n_parts, n)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
+                                    lx, li, ln, lb, row_f, row_i, out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part,
+                                    n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
                                     DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
-                                    ALL=all_top_p, FUSE=fuse, P=pp, num_warps=num_warps,
+                                    ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, num_warps=num_warps,
                                     **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
         _mark(marks, name)
     if not fuse:
         _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                             paths, ws.work, lx, li, ln, lb, n_parts, FAST_LOG=fast_log, BLOCK=block, P=pp, NF=nucleus_first,
-                             DEPTH=lists, LIST=list_slots, ALL=all_top_p, num_warps=row_warps)
+                             paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log, BLOCK=block,
+                             P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p, NPV=HIST_PIVOTS,
+                             num_warps=row_warps)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
-    _read2_kernel[(read2_grid(dev, n, n_chunks),)](
-        logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, tmax, n_c, a_chunks, cand_x, cand_i, out, paths,
-        ws.work, ws.ticket, vocab, n_parts, n_tiles, n_chunks, FAST_LOG=fast_log, BLOCK=block, CAP=cap,
-        SBLOCK=search_block, NP=num_pivots, NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap),
-        SCAND2=min(256, cap), CHUNK=chunk_cols(block), CT=chunk_cols(block) // block, TMAX=tile_max or not lists,
-        num_warps=row_warps)
-    _mark(marks, "read2")
+    grid = (read2_grid(dev, n, n_chunks),)
+    for r in range(rounds + 1):  # read 2, then the histogram rounds (``split_rounds_triton``)
+        _round_kernel[grid](
+            logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, tmax, n_c, a_chunks, cand_x, cand_i, out, paths,
+            ws.brk, ws.hist, ws.work[r], ws.work[min(r + 1, rounds)], ws.ticket, vocab, n_parts, n_tiles, n_chunks,
+            FAST_LOG=fast_log, BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,
+            NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap), SCAND2=min(256, cap), CHUNK=chunk_cols(block),
+            CT=chunk_cols(block) // block, TMAX=tile_max or not lists, NPV=HIST_PIVOTS, SUB=HIST_SUB,
+            FIRST=r == 0, LAST=r == rounds, num_warps=row_warps)
+        _mark(marks, "read2" if r == 0 else f"round{r}")
 
 
 def _mark(marks: list | None, name: str) -> None:

@@ -231,11 +231,15 @@ def argmax_pass(row, vocab, BLOCK: tl.constexpr, NS: tl.constexpr, lo):
 
 
 @triton.jit
-def row_part(logits_ptr, s_row, inv_t_ptr, vocab, part):
-    """Program (i, s) of a (rows x parts) grid: row i, its row pointer, the part's
+def row_part(logits_ptr, s_row, inv_t_ptr, vocab, part, PARTS_FIRST: tl.constexpr = False):
+    """Program (i, s) of a (rows x parts) grid, or with PARTS_FIRST of a (parts x rows) one
+    (then a row's programs start one after another): row i, its row pointer, the part's
     columns [lo, hi) and the row's inverse temperature."""
     i = tl.program_id(0)
     s = tl.program_id(1)
+    if PARTS_FIRST:
+        i = tl.program_id(1)
+        s = tl.program_id(0)
     lo = s * part
     return i, s, logits_ptr + i.to(tl.int64) * s_row, lo, tl.minimum(lo + part, vocab), tl.load(inv_t_ptr + i)
 

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite
 from core_runner.kernels.gumbel_sample import gumbel_pass, row_keys
+from core_runner.kernels.split_rounds_triton import _GATHER, _SEARCH, draw_in_bracket, select_bracket, store_bracket
 from core_runner.kernels.top_k_top_p_triton import row_threshold
 
 # row states after the decide
@@ -31,16 +32,19 @@ def _lane_maxima(a1_ptr, i, n_parts, BLOCK: tl.constexpr):
 
 @triton.jit
 def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, row_f_ptr,
-                row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab, n_parts, n_chunks,
-                FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
-                NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr):
+                row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, brk_ptr, hist_ptr,
+                next_ptr, vocab, n_parts, n_chunks, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
+                SBLOCK: tl.constexpr, NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr,
+                SCAND2: tl.constexpr, NPV: tl.constexpr, MORE: tl.constexpr):
     """Step 4 for row i (state ``_READ2`` or ``_ONE_PROGRAM``). ``_READ2``: A = mass{x > lo}
     (read 2's chunk sums, in chunk order) >= p Z, or mode 2, means the candidates hold the
     nucleus: the draw among them (the narrowest sort that holds them), or past the
-    capacity the exact pivot search; A < p Z keeps the draw. ``_ONE_PROGRAM``: the rows
+    capacity the rounds or the exact pivot search; A < p Z keeps the draw. ``_ONE_PROGRAM``: the rows
     with top-k or min-p on one program (``_cut_row``) with the merged lane maxima (their
     second maxima are not kept, which only loosens the top-k lower bound; the same
-    result). Stores the token and path, and puts the row's candidate counter back to 0."""
+    result). MORE: histogram rounds follow, and a row whose candidates fall short of its
+    nucleus goes on to them (``next_round``) instead of the one-program pivot search.
+    Stores the token and path of a settled row; puts the row's candidate counter back to 0."""
     row = logits_ptr + i.to(tl.int64) * s_row
     state = tl.load(row_i_ptr + i * 4)
     path = tl.load(row_i_ptr + i * 4 + 2)
@@ -71,19 +75,85 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
             elif covered & (n_c <= CAP):
                 t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
+            elif MORE:  # flat: the histogram rounds, from the decide's bracket (read 2 filled its chunks)
+                state = next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, p * z, CAP, NPV, NCP)
             else:
                 path = 3
-                mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
                 # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
-                hint = tl.where(covered, lo_v, -float("inf"))
-                thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, hint, cx, SBLOCK, NP, CAP)
-                t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False,
-                                                        False, FAST_LOG, BLOCK, 1, 1, 0)
+                t = _pivot_search(row, vocab, inv_t, k, p, lmp, m, n_fin, tl.where(covered, lo_v, -float("inf")),
+                                  k1, k2, cx, FAST_LOG, BLOCK, SBLOCK, NP, CAP)
     else:
         a1 = _lane_maxima(a1_ptr, i, n_parts, BLOCK)
         a2 = tl.full([BLOCK], -float("inf"), tl.float32)
         t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx, ci,
                            FAST_LOG, BLOCK, CAP, SBLOCK, NP, 1, 1, 1)
-    tl.store(out_ptr + i, t.to(tl.int64))
-    tl.store(path_ptr + i, path)
+    if state != _SEARCH:
+        if state != _GATHER:
+            tl.store(out_ptr + i, t.to(tl.int64))
+            tl.store(path_ptr + i, path)
+    tl.store(nc_ptr + i, 0)
+
+
+@triton.jit
+def _pivot_search(row, vocab, inv_t, k, p, lmp, m, n_fin, hint, k1, k2, cx, FAST_LOG: tl.constexpr,
+                  BLOCK: tl.constexpr, SBLOCK: tl.constexpr, NP: tl.constexpr, CAP: tl.constexpr):
+    """Path 3: the exact threshold by the one-program pivot search (hint <= v_p, or -inf)
+    and the draw above it, both over the whole row on this program."""
+    mn = _min_finite(row, vocab, inv_t, BLOCK, 1)
+    thr = row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, mn, hint, cx, SBLOCK, NP, CAP)
+    t, _a1, _a2, _nf, _z, _tm = gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, False, False, False, FAST_LOG,
+                                            BLOCK, 1, 1, 0)
+    return t
+
+
+@triton.jit
+def next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, target, CAP: tl.constexpr, NPV: tl.constexpr,
+               NCP: tl.constexpr):
+    """A searched row after a round of histograms: its next bracket, and the row on the
+    next round's work list, to gather the bracket (at most CAP tokens) or search it."""
+    b = brk_ptr + i * (NPV + 4)
+    lo_b, hi_b, m_above, n_in = select_bracket(b, hist_ptr + i * n_chunks * (2 * NPV), n_chunks, target, NPV, NCP)
+    store_bracket(b, lo_b, hi_b, m_above, NPV)
+    state = tl.where(n_in <= CAP, _GATHER, _SEARCH)
+    tl.store(row_i_ptr + i * 4, state)
+    tl.store(next_ptr + 4 + tl.atomic_add(next_ptr, 1), i)
+    return state
+
+
+@triton.jit
+def _finish_round(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, row_f_ptr,
+                  row_i_ptr, nc_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, brk_ptr, hist_ptr, next_ptr, vocab, n_chunks,
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
+                  NP: tl.constexpr, NCP: tl.constexpr, SCAND2: tl.constexpr, NPV: tl.constexpr,
+                  LAST: tl.constexpr):
+    """The end of a histogram round for row i (``split_rounds_triton``): a gathered row
+    draws (path 4); a searched one takes its next bracket or, in the last round, the
+    one-program pivot search from its bracket's b_lo (path 3)."""
+    state = tl.load(row_i_ptr + i * 4)
+    target = tl.load(top_p_ptr + i) * tl.load(row_f_ptr + i * 4 + 1)
+    b = brk_ptr + i * (NPV + 4)
+    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+    cx = cx_ptr + i.to(tl.int64) * CAP
+    ci = ci_ptr + i.to(tl.int64) * CAP
+    if state == _GATHER:
+        m = tl.load(row_f_ptr + i * 4)
+        n_c = tl.load(nc_ptr + i)
+        h_row = hist_ptr + i * n_chunks * (2 * NPV)
+        if n_c <= SCAND2:
+            t = draw_in_bracket(cx, ci, n_c, h_row, n_chunks, m, target, tl.load(b + 2), k1, k2, FAST_LOG, SCAND2,
+                                NCP, NPV)
+        else:
+            t = draw_in_bracket(cx, ci, n_c, h_row, n_chunks, m, target, tl.load(b + 2), k1, k2, FAST_LOG, CAP, NCP,
+                                NPV)
+        tl.store(out_ptr + i, t.to(tl.int64))
+        tl.store(path_ptr + i, 4)
+    elif LAST:
+        row = logits_ptr + i.to(tl.int64) * s_row
+        t = _pivot_search(row, vocab, tl.load(inv_t_ptr + i), tl.load(top_k_ptr + i), tl.load(top_p_ptr + i),
+                          tl.load(lmp_ptr + i), tl.load(row_f_ptr + i * 4), tl.load(row_i_ptr + i * 4 + 1),
+                          tl.load(b), k1, k2, cx, FAST_LOG, BLOCK, SBLOCK, NP, CAP)
+        tl.store(out_ptr + i, t.to(tl.int64))
+        tl.store(path_ptr + i, 3)
+    else:
+        next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, target, CAP, NPV, NCP)
     tl.store(nc_ptr + i, 0)

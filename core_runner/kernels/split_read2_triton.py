@@ -1,7 +1,7 @@
 """Read 2 of the split cut sampler (``cut_sample_split_triton``, step 3) and its finish,
 one launch over the rows the decide left open.
 
-The decide appends each open row to a work list (``work[2:]``, its length in ``work[0]``),
+The decide appends each open row to a work list (``work[4:]``, its length in ``work[0]``),
 so read 2 does not start a program per row and part to find most rows done: it runs a
 fixed grid of programs (a few per SM) over the work items (list row, chunk of CHUNK
 columns). A chunk of a row in state ``_READ2`` is one load of CHUNK tokens: the mass of
@@ -21,7 +21,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from core_runner.kernels.split_finish_triton import _ONE_PROGRAM, _READ2, _finish_row
+from core_runner.kernels.gumbel_sample import row_keys
+from core_runner.kernels.split_finish_triton import _ONE_PROGRAM, _finish_round, _finish_row
+from core_runner.kernels.split_rounds_triton import _SEARCH, gather_chunk, hist_chunk
 
 
 @triton.jit
@@ -50,32 +52,54 @@ def _read2_chunk(row, i, c, inv_t, m, lo_v, tmax_ptr, nc_ptr, chunk_a_ptr, cx_pt
 
 
 @triton.jit
-def _read2_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, row_f_ptr,
-                  row_i_ptr, a1_ptr, tmax_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, work_ptr,
-                  ticket_ptr, vocab, n_parts, n_tiles, n_chunks, FAST_LOG: tl.constexpr,
-                  BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr, NP: tl.constexpr,
-                  NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr, CHUNK: tl.constexpr,
-                  CT: tl.constexpr, TMAX: tl.constexpr):
-    """Program q of the fixed grid takes the work items q, q + grid, ... (module docstring)."""
+def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr, row_f_ptr,
+                  row_i_ptr, a1_ptr, tmax_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, brk_ptr,
+                  hist_ptr, work_ptr, next_ptr, ticket_ptr, vocab, n_parts, n_tiles, n_chunks,
+                  FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
+                  NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr,
+                  CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr, NPV: tl.constexpr, SUB: tl.constexpr,
+                  FIRST: tl.constexpr, LAST: tl.constexpr):
+    """Program q of the fixed grid takes the work items q, q + grid, ... of its list
+    (module docstring). FIRST: read 2 (rows ``_READ2``, ``_ONE_PROGRAM``); else a
+    histogram round (rows ``_SEARCH``, ``_GATHER``: ``split_rounds_triton``). Rows that
+    go on are put on next_ptr's list; LAST: none (a row still searching takes the
+    one-program search)."""
     n_rows = tl.load(work_ptr)
     for w in range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
         r = w // n_chunks
         c = w - r * n_chunks
-        i = tl.load(work_ptr + 2 + r)
+        i = tl.load(work_ptr + 4 + r)
         state = tl.load(row_i_ptr + i * 4)
         last = (c == 0) & (state == _ONE_PROGRAM)
-        if state == _READ2:
+        if state != _ONE_PROGRAM:
             row = logits_ptr + i.to(tl.int64) * s_row
-            _read2_chunk(row, i, c, tl.load(inv_t_ptr + i), tl.load(row_f_ptr + i * 4), tl.load(row_f_ptr + i * 4 + 2),
-                         tmax_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, vocab, n_tiles, n_chunks, CAP, CHUNK, CT,
-                         TMAX)
+            inv_t = tl.load(inv_t_ptr + i)
+            m = tl.load(row_f_ptr + i * 4)
+            b = brk_ptr + i * (NPV + 4)
+            h = hist_ptr + (i * n_chunks + c).to(tl.int64) * (2 * NPV)
+            if FIRST:
+                _read2_chunk(row, i, c, inv_t, m, tl.load(row_f_ptr + i * 4 + 2), tmax_ptr, nc_ptr, chunk_a_ptr,
+                             cx_ptr, ci_ptr, vocab, n_tiles, n_chunks, CAP, CHUNK, CT, TMAX)
+                if not LAST:  # the first round's histogram, for a row whose candidates fall short
+                    hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, SUB, NPV)
+            elif state == _SEARCH:
+                hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, SUB, NPV)
+            else:
+                k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+                gather_chunk(row, i, c, inv_t, k1, k2, b, h, nc_ptr, cx_ptr, ci_ptr, vocab, FAST_LOG, CAP, CHUNK)
             tl.debug_barrier()  # every thread's stores of this chunk before the ticket
             last = tl.atomic_add(ticket_ptr + i, 1, sem="acq_rel") == n_chunks - 1
         if last:
             tl.store(ticket_ptr + i, 0)
-            _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
-                        row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, vocab,
-                        n_parts, n_chunks, FAST_LOG, BLOCK, CAP, SBLOCK, NP, NCP, SCAND, SCAND2)
+            if FIRST:
+                _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                            row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr,
+                            brk_ptr, hist_ptr, next_ptr, vocab, n_parts, n_chunks, FAST_LOG, BLOCK, CAP, SBLOCK, NP,
+                            NCP, SCAND, SCAND2, NPV, not LAST)
+            else:
+                _finish_round(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
+                              row_f_ptr, row_i_ptr, nc_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, brk_ptr, hist_ptr,
+                              next_ptr, vocab, n_chunks, FAST_LOG, BLOCK, CAP, SBLOCK, NP, NCP, SCAND2, NPV, LAST)
             tl.debug_barrier()
             if tl.atomic_add(work_ptr + 1, 1, sem="acq_rel") == n_rows - 1:
                 tl.store(work_ptr, 0)

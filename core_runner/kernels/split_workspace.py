@@ -25,6 +25,12 @@ _CACHE: dict[tuple, "SplitWorkspace"] = {}
 CHUNK_COLS = 2048
 
 
+# histogram rounds (``split_rounds_triton``): pivots per round, columns per sub-tile, at most rounds after read 2
+HIST_PIVOTS = 32
+HIST_SUB = 256
+MAX_ROUNDS = 3
+
+
 def chunk_cols(block: int) -> int:
     """Read 2's chunk (a whole number of read 1's tiles of ``block`` columns)."""
     return max(CHUNK_COLS, block)
@@ -44,7 +50,11 @@ class SplitWorkspace:
         self.row_i = torch.empty((rows, 4), dtype=i32, device=dev)
         self.n_c = torch.zeros(rows, dtype=i32, device=dev)
         self.ticket = torch.zeros(rows, dtype=i32, device=dev)
-        self.work = torch.zeros(rows + 2, dtype=i32, device=dev)  # [length, rows finished, row, row, ...]
+        # per launch of read 2 and the rounds: [length, rows finished, -, -, row, row, ...] (rows + 4: 16-byte aligned)
+        self.work = torch.zeros((MAX_ROUNDS + 1, rows + 4), dtype=i32, device=dev)
+        n_chunks = triton.cdiv(n_tiles, chunk_cols(block) // block)
+        self.brk = torch.empty((rows, HIST_PIVOTS + 4), dtype=f32, device=dev)
+        self.hist = torch.empty((rows, n_chunks, 2 * HIST_PIVOTS), dtype=f32, device=dev)
         self.cand_x = torch.empty((rows, cap), dtype=f32, device=dev)
         self.cand_i = torch.empty((rows, cap), dtype=i32, device=dev)
         self.lx = torch.empty((rows, n_parts, slots), dtype=f32, device=dev)
