@@ -60,20 +60,21 @@ def first_bracket(b_ptr, m, z, p, lo, floor_holds, vocab, NPV: tl.constexpr):
 @triton.jit
 def hist_chunk(row, c, inv_t, m, b_ptr, h_ptr, vocab, CHUNK: tl.constexpr, SUB: tl.constexpr, NPV: tl.constexpr):
     """Chunk c of a row: per pivot e_j the mass (relative to m) and number of its tokens in
-    [e_j, b_hi), into h_ptr[0:NPV] and h_ptr[NPV:2 NPV] (the chunk's slots)."""
+    [e_j, b_hi), into h_ptr[0:NPV] and h_ptr[NPV:2 NPV] (the chunk's slots). The sub-tiles
+    of SUB columns add into [SUB, NPV] sums, reduced once after the loop (a reduction per
+    sub-tile made this loop barrier-bound)."""
     hi_b = tl.load(b_ptr + 1)
     piv = tl.load(b_ptr + 4 + tl.arange(0, NPV))
-    mass = tl.zeros([NPV], tl.float32)
-    cnt = tl.zeros([NPV], tl.float32)
+    mass = tl.zeros([SUB, NPV], tl.float32)
+    cnt = tl.zeros([SUB, NPV], tl.int32)
     for q in range(0, CHUNK // SUB):
         cols = c * CHUNK + q * SUB + tl.arange(0, SUB)
         x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
-        inb = x < hi_b
-        ge = (x[:, None] >= piv[None, :]) & inb[:, None]
-        mass += tl.sum(tl.where(ge, tl.exp(x - m)[:, None], 0.0), axis=0)
-        cnt += tl.sum(ge.to(tl.float32), axis=0)
-    tl.store(h_ptr + tl.arange(0, NPV), mass)
-    tl.store(h_ptr + NPV + tl.arange(0, NPV), cnt)
+        ge = (x[:, None] >= piv[None, :]) & (x < hi_b)[:, None]
+        mass += tl.where(ge, tl.exp(x - m)[:, None], 0.0)
+        cnt += ge.to(tl.int32)
+    tl.store(h_ptr + tl.arange(0, NPV), tl.sum(mass, axis=0))
+    tl.store(h_ptr + NPV + tl.arange(0, NPV), tl.sum(cnt, axis=0).to(tl.float32))
 
 
 @triton.jit

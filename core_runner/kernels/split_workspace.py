@@ -27,7 +27,7 @@ CHUNK_COLS = 2048
 
 # histogram rounds (``split_rounds_triton``): pivots per round, columns per sub-tile, at most rounds after read 2
 HIST_PIVOTS = 32
-HIST_SUB = 256
+HIST_SUB = 64
 MAX_ROUNDS = 3
 
 
