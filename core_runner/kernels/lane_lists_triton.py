@@ -156,14 +156,14 @@ def _add_pair(a, b, c, d):
 
 
 @triton.jit
-def _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr):
-    """argmax of x + g over {x >= v_p} among entries x (> big_t, -inf elsewhere) that hold
-    the nucleus: v_p by bisection on the float key. Invariant: mass{x >= value(lo)} >=
-    p Z > mass{x >= value(hi)}, so v_p is an entry in [value(lo), value(hi)); each step's
-    one reduction (mass and count at once) also counts the entries left in the bracket,
-    and the loop stops when one is left (or the bracket is one key: tied entries), so
-    {entries >= value(lo)} = {entries >= v_p}: ~log2(entries) steps, not the ~25 that
-    narrowing [T, max] down to one key took (session 7)."""
+def nucleus_floor(x, m, target, big_t):
+    """v_p among entries x (> big_t, -inf elsewhere) that hold the nucleus: the smallest
+    entry >= the returned value is v_p, by bisection on the float key. Invariant:
+    mass{x >= value(lo)} >= p Z > mass{x >= value(hi)}, so v_p is an entry in
+    [value(lo), value(hi)); each step's one reduction (mass and count at once) also counts
+    the entries left in the bracket, and the loop stops when one is left (or the bracket
+    is one key: tied entries), so {entries >= value(lo)} = {entries >= v_p}: ~log2(entries)
+    steps, not the ~25 that narrowing [T, max] down to one key took (session 7)."""
     w = tl.where(x > -float("inf"), tl.exp(x - m), 0.0)
     lo_k = _key(big_t)
     hi_k = _key(m) + 1
@@ -181,7 +181,15 @@ def _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr):
             else:
                 hi_k = mid
                 c_hi = c_mid
-    noisy = tl.where(x >= _value(lo_k), x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
+    return _value(lo_k)
+
+
+@triton.jit
+def _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr):
+    """argmax of x + g over {x >= v_p} among entries x (> big_t, -inf elsewhere) that hold
+    the nucleus (``nucleus_floor``)."""
+    v = nucleus_floor(x, m, target, big_t)
+    noisy = tl.where(x >= v, x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
     return first_argmax(noisy, ci).to(tl.int64)
 
 

@@ -73,7 +73,7 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND)
             elif covered & (n_c <= SCAND2):
                 t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
-            elif covered & (n_c <= CAP):
+            elif covered & (n_c <= CAP) & (not MORE):  # (a sort of CAP entries: slow, the rounds avoid it)
                 t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
             elif MORE:  # flat: the histogram rounds, from the decide's bracket (read 2 filled its chunks)
                 state = next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, p * z, CAP, NPV, NCP)
@@ -140,11 +140,11 @@ def _finish_round(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr,
         n_c = tl.load(nc_ptr + i)
         h_row = hist_ptr + i * n_chunks * (2 * NPV)
         if n_c <= SCAND2:
-            t = draw_in_bracket(cx, ci, n_c, h_row, n_chunks, m, target, tl.load(b + 2), k1, k2, FAST_LOG, SCAND2,
-                                NCP, NPV)
+            t = draw_in_bracket(cx, ci, n_c, h_row, n_chunks, m, target, tl.load(b + 2), tl.load(b), k1, k2,
+                                FAST_LOG, SCAND2, NCP, NPV)
         else:
-            t = draw_in_bracket(cx, ci, n_c, h_row, n_chunks, m, target, tl.load(b + 2), k1, k2, FAST_LOG, CAP, NCP,
-                                NPV)
+            t = draw_in_bracket(cx, ci, n_c, h_row, n_chunks, m, target, tl.load(b + 2), tl.load(b), k1, k2,
+                                FAST_LOG, CAP, NCP, NPV)
         tl.store(out_ptr + i, t.to(tl.int64))
         tl.store(path_ptr + i, 4)
     elif LAST:
