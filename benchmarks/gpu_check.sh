@@ -9,6 +9,7 @@
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
 #   sampler-probe  where the sampler's first read spends its time (variants) -> sampler_probe.json
 #   sampler-host   the sampler's host time per call and its GPU time from a CUDA graph -> sampler_host.json
+#   sampler-rounds read 2 and the histogram rounds at other settings, flat and peaked rows -> sampler_rounds.json
 #   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
@@ -76,6 +77,9 @@ for s in "${STAGES[@]}"; do
     sampler-probe)
       say sampler probe
       timeout 300 python3 benchmarks/sampler_probe.py --json "$LOG/sampler_probe.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
+    sampler-rounds)
+      say sampler rounds
+      timeout 400 python3 benchmarks/sampler_rounds.py --json "$LOG/sampler_rounds.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
     sampler-host)
       say sampler host time
       timeout 300 python3 benchmarks/sampler_host.py --json "$LOG/sampler_host.json" 2>&1 | tee -a "$LOG/bench.log" | tail -60;;

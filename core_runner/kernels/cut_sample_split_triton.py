@@ -1,28 +1,31 @@
 """The fused cut sampler with each row spread over S programs (``split`` of
 ``sample_with_cuts_triton``): the same tokens as the one-program-per-row kernel of
 ``cut_sample_triton.py`` (whose docstring holds the definitions and the arguments), in
-five launches (six with nucleus first, four when every row is top-p alone with lane
-lists: the decide then runs at the end of read 1) and no host read.
+3 + ``rounds`` launches (4 + rounds with nucleus first, 2 + rounds when every row is top-p
+alone with lane lists: the decide then runs at the end of read 1) and no host read.
 
-1. ``_read1_kernel`` (rows x S; twice with nucleus first): every program draws over its
-   part of the row (whole tiles) and keeps the part's token, max, mass relative to it,
-   finite count, tile maxima and lanes' maxima (the readers take the max over the parts:
-   the parts are whole tiles, so a lane is the same column residue in every part).
+1. ``_read1_kernel`` (S x rows, a row's programs one after another; twice with nucleus
+   first): every program draws over its part of the row (whole tiles) and keeps the
+   part's token, max, mass relative to it, finite count, tile maxima and lanes' maxima
+   (the readers take the max over the parts: the parts are whole tiles, so a lane is the
+   same column residue in every part).
 2. ``_decide_kernel`` (rows): the row's token from the parts' tokens, m, Z and the
    finite count. Greedy, no cut, or a draw on the row max: done. Top-p alone: the lane
    floor F and the value read 2 must pass (x_t, or the float under F when x_t < F: then
-   the draw is out whatever read 2 finds). Any other cut: left to step 4.
-3. ``_read2_kernel`` (rows x S, ``split_read2_triton``): for the top-p rows, each program
-   sums mass{x > lo} over its part's tiles whose max is above lo (every tile without tile
-   maxima) and stores those tokens as candidates (slots taken with one atomic add per
-   part; the finish sorts them, so their order does not matter).
-4. ``_finish_kernel`` (rows, twice: the narrow launch settles the rows with at most 256
-   candidates, the wide one the rest, so the common rows do not pay the registers of the
-   CAP-wide sort and the search): A (the parts' sums, in part order) < p Z keeps the draw;
-   else the candidates give the threshold and the redraw, or, past the capacity, the exact
-   pivot search. Rows with top-k or min-p take the one-program path (``_cut_row``) here,
-   with the merged lane maxima (their second maxima are not kept, which only loosens the
-   top-k lower bound L; the result is the same).
+   the draw is out whatever read 2 finds), and the first bracket of the histogram rounds.
+   Any other cut: left to step 3's finish. Every row left open goes on a work list.
+3. ``_round_kernel`` with FIRST (``split_read2_triton``; a fixed grid over the list's
+   (row, chunk) items): for the top-p rows, each chunk sums mass{x > lo}, stores those
+   tokens as candidates and, for the rounds, a histogram; the last chunk of a row
+   finishes it (``split_finish_triton``): A < p Z keeps the draw; else the candidates
+   give the threshold and the redraw, or, past 256 candidates, the row goes on to the
+   rounds. Rows with top-k or min-p take the one-program path (``_cut_row``) here, with
+   the merged lane maxima (their second maxima are not kept, which only loosens the top-k
+   lower bound L; the same result).
+4. ``_round_kernel``, ``rounds`` times (``split_rounds_triton``): histogram rounds over
+   many programs narrow the bracket that holds v_p until it can be gathered, and the
+   gathered rows draw (path 4); a row still searching in the last round takes the
+   one-program pivot search (path 3).
 
 Nucleus first (``nucleus_first``): the draw of read 1 hashes every token the noise
 bound cannot rule out, which makes that pass compute-bound (1.5 reads where a bare read
@@ -74,11 +77,15 @@ def _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i):
 
 
 @triton.jit
-def _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, vocab, NPV: tl.constexpr):
+def _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, a1, vocab, BLOCK: tl.constexpr,
+                   NPV: tl.constexpr):
     """The decide launch's record of a row for read 2 and the finish: mode 1 tests a draw
     (A = mass{x > lo} against p Z), mode 2 gathers the nucleus (the tokens > lo hold it);
-    and the first bracket of the histogram rounds (``split_rounds_triton``)."""
-    first_bracket(brk_ptr + i * (NPV + 4), m, z, p, lo, mode == 2, vocab, NPV)
+    and the first bracket of the histogram rounds (``split_rounds_triton``), flagged for
+    read 2's histogram when more than an eighth of the lanes' maxima (a1) are above lo (a
+    flat row: its candidates will likely overflow)."""
+    wide = tl.sum((a1 > lo).to(tl.int32), axis=0) > BLOCK // 8
+    first_bracket(brk_ptr + i * (NPV + 4), m, z, p, lo, mode == 2, wide, vocab, NPV)
     tl.store(row_i_ptr + i * 4 + 3, mode)
     tl.store(row_f_ptr + i * 4, m)
     tl.store(row_f_ptr + i * 4 + 1, z)
@@ -239,8 +246,8 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     lo = tl.where(has_floor, _value(_key(floor) - 1),
                                   tl.min(tl.where(a1 > -float("inf"), a1, float("inf")), axis=0))
                     state = _READ2
-                    _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, tl.where(has_floor, 2, 1), m, z, p, lo, -float("inf"),
-                                   vocab, NPV)
+                    _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, tl.where(has_floor, 2, 1), m, z, p, lo,
+                                   -float("inf"), a1, vocab, BLOCK, NPV)
                 else:
                     x_t = tl.load(row + t).to(tl.float32) * inv_t
                     if x_t < m:
@@ -252,7 +259,8 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                             lo = _value(_key(floor) - 1)  # the float just under F: x > lo <=> x >= F
                             mode = 2  # the draw is out; read 2 gathers the tokens >= F
                         state = _READ2
-                        _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, vocab, NPV)
+                        _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, a1, vocab, BLOCK,
+                                       NPV)
             else:
                 state = _ONE_PROGRAM
         tl.store(row_i_ptr + i * 4 + 1, n_fin)
@@ -274,9 +282,9 @@ def sample_with_cuts_split(
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, out: torch.Tensor, paths: torch.Tensor,
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
-    tile_max: bool = True, all_top_p: bool = False, rounds: int = 2,
+    tile_max: bool = True, all_top_p: bool = False, rounds: int = 2, round_maxnreg: int | None = None,
 ) -> torch.Tensor:
-    """The five launches (module docstring; four with the fused decide) for contiguous
+    """The launches of the module docstring for contiguous
     [n, V] logits, n > 0, on a workspace kept between calls (``split_workspace``);
     ``nucleus_first``: top-p-alone rows skip read 1's draw (module docstring); with
     ``lists`` (2 or 3, the lane depth; 0 off) their read 1 also keeps lane lists of
@@ -285,7 +293,9 @@ def sample_with_cuts_split(
     maxima (no reduction in its loop), and read 2 visits every tile of a row the lists
     did not settle. ``all_top_p`` (with ``nucleus_first``): the caller knows that every row
     is sampled (temperature > 0) with top-p alone, so the launch of read 1 for the other
-    rows is left out; a row that is not gets token -1 and path 9.
+    rows is left out; a row that is not gets token -1 and path 9. ``rounds`` (0 to
+    MAX_ROUNDS): histogram launches after read 2 (0: flat rows take the one-program pivot
+    search); ``round_maxnreg``: a register cap for read 2 and the rounds (None: none).
     ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
     launch, behind a ("start", event) pair, for a per-launch time breakdown."""
     if lists not in (0, 2, 3):
@@ -315,7 +325,7 @@ def sample_with_cuts_split(
     try:
         _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
                 search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p,
-                rounds)
+                rounds, round_maxnreg)
     except BaseException:
         discard(ws)
         raise
@@ -323,7 +333,8 @@ def sample_with_cuts_split(
 
 
 def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
-            search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds):
+            search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds,
+            round_maxnreg):
     """The launches of ``sample_with_cuts_split`` on its workspace."""
     n = logits.shape[0]
     dev = logits.device
@@ -338,8 +349,8 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     fuse = all_top_p and lists > 0  # one read-1 launch, which decides each row at its end
     for rows, name in read1:
         _read1_kernel[(n_parts, n)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
-                                    lx, li, ln, lb, row_f, row_i, out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part,
-                                    n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
+                                    lx, li, ln, lb, row_f, row_i, out, paths, ws.work[0], ws.brk, ws.ticket, vocab,
+                                    part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
                                     DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
                                     ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, num_warps=num_warps,
                                     **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
@@ -359,7 +370,8 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             FAST_LOG=fast_log, BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,
             NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap), SCAND2=min(256, cap), CHUNK=chunk_cols(block),
             CT=chunk_cols(block) // block, TMAX=tile_max or not lists, NPV=HIST_PIVOTS, SUB=HIST_SUB,
-            FIRST=r == 0, LAST=r == rounds, num_warps=row_warps)
+            FIRST=r == 0, LAST=r == rounds, num_warps=row_warps,
+            **({"maxnreg": round_maxnreg} if round_maxnreg else {}))
         _mark(marks, "read2" if r == 0 else f"round{r}")
 
 

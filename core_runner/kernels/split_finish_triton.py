@@ -75,8 +75,11 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
             elif covered & (n_c <= CAP) & (not MORE):  # (a sort of CAP entries: slow, the rounds avoid it)
                 t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
-            elif MORE:  # flat: the histogram rounds, from the decide's bracket (read 2 filled its chunks)
-                state = next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, p * z, CAP, NPV, NCP)
+            elif MORE:  # flat: the histogram rounds, from the decide's bracket
+                if tl.load(brk_ptr + i * (NPV + 4) + 3) != 0:  # read 2 took its histogram
+                    state = next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, p * z, CAP, NPV, NCP)
+                else:
+                    state = _go_on(i, _SEARCH, row_i_ptr, next_ptr)
             else:
                 path = 3
                 # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
@@ -114,7 +117,13 @@ def next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, target, CAP:
     b = brk_ptr + i * (NPV + 4)
     lo_b, hi_b, m_above, n_in = select_bracket(b, hist_ptr + i * n_chunks * (2 * NPV), n_chunks, target, NPV, NCP)
     store_bracket(b, lo_b, hi_b, m_above, NPV)
-    state = tl.where(n_in <= CAP, _GATHER, _SEARCH)
+    return _go_on(i, tl.where(n_in <= CAP, _GATHER, _SEARCH), row_i_ptr, next_ptr)
+
+
+@triton.jit
+def _go_on(i, state, row_i_ptr, next_ptr):
+    """Row i in its new state on the next round's work list."""
+    state = state + tl.zeros([], tl.int32)  # (a constant state becomes a tensor, as the other branches')
     tl.store(row_i_ptr + i * 4, state)
     tl.store(next_ptr + 4 + tl.atomic_add(next_ptr, 1), i)
     return state

@@ -80,8 +80,9 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
             if FIRST:
                 _read2_chunk(row, i, c, inv_t, m, tl.load(row_f_ptr + i * 4 + 2), tmax_ptr, nc_ptr, chunk_a_ptr,
                              cx_ptr, ci_ptr, vocab, n_tiles, n_chunks, CAP, CHUNK, CT, TMAX)
-                if not LAST:  # the first round's histogram, for a row whose candidates fall short
-                    hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, SUB, NPV)
+                if not LAST:  # the first histogram, for a row flagged flat by the decide
+                    if tl.load(b + 3) != 0:
+                        hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, SUB, NPV)
             elif state == _SEARCH:
                 hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, SUB, NPV)
             else:

@@ -8,6 +8,10 @@ mass{x >= v} >= p Z), the mass M above it (0 at first) and NPV pivots b_lo = e_0
 the max m, b_lo = m + log((1 - p) Z / V) (the V tokens under b_lo weigh less than
 (1 - p) Z, so v_p >= b_lo), raised to read 2's lo when the lane floor holds v_p.
 
+Read 2 takes the first histogram only for rows the decide flags as flat (many lane
+maxima above lo): on the few peaked rows the lane lists miss it would cost a 32-pivot pass
+for nothing; an unflagged row that overflows searches in the first round instead.
+
 Each chunk of a searched row stores, per pivot, the mass and number of its tokens in
 [e_j, b_hi) (``hist_chunk``); the row's finish sums the chunks in chunk order, and the
 largest j with M + mass_j >= p Z gives the next bracket [e_j, e_{j+1}) (``select_bracket``).
@@ -41,7 +45,7 @@ _GATHER = tl.constexpr(4)
 
 @triton.jit
 def store_bracket(b_ptr, lo_b, hi_b, m_above, NPV: tl.constexpr):
-    """A row's bracket record: [b_lo, b_hi, M, -, e_0 .. e_{NPV-1}]."""
+    """A row's bracket record: [b_lo, b_hi, M, read 2's histogram (1.0) or not, e_0 .. e_{NPV-1}]."""
     tl.store(b_ptr, lo_b)
     tl.store(b_ptr + 1, hi_b)
     tl.store(b_ptr + 2, m_above)
@@ -50,12 +54,14 @@ def store_bracket(b_ptr, lo_b, hi_b, m_above, NPV: tl.constexpr):
 
 
 @triton.jit
-def first_bracket(b_ptr, m, z, p, lo, floor_holds, vocab, NPV: tl.constexpr):
-    """The decide's bracket for a row sent to read 2 (module docstring)."""
+def first_bracket(b_ptr, m, z, p, lo, floor_holds, wide, vocab, NPV: tl.constexpr):
+    """The decide's bracket for a row sent to read 2 (module docstring); wide: read 2 also
+    takes its histogram (else a row whose candidates overflow searches in the first round)."""
     lo_b = m + tl.log((1.0 - p) * z / vocab)
     if floor_holds:
         lo_b = tl.maximum(lo_b, lo)
     store_bracket(b_ptr, lo_b, _value(_key(m) + 1), 0.0, NPV)
+    tl.store(b_ptr + 3, wide.to(tl.float32))
 
 
 @triton.jit

@@ -7,11 +7,12 @@ and reused; a call with more rows replaces them (rows rounded up to a power of t
 The kernels index rows by their program id, so the buffers are passed whole.
 
 Three of them must hold a known value when a call starts, and the call's own launches put
-it back: the candidate counters ``n_c`` (0: read 2 takes slots with atomic adds), the row
-tickets ``ticket`` (0: the last read-1 program of a row, with the fused decide, and the
-last read-2 chunk of a row are the ones that count to the end) and the work list's
-length and finished count ``work[:2]`` (0, 0). The finish of a row resets its n_c, each
-ticket winner its ticket, the last finish of the call the work list. A call that fails on the host part-way drops its workspace
+it back: the candidate counters ``n_c`` (0: read 2 and the gather rounds take slots with
+atomic adds), the row tickets ``ticket`` (0: the last read-1 program of a row, with the
+fused decide, and the last chunk of a row in read 2 or a round are the ones that count to
+the end) and each launch's work list length and finished count ``work[r, :2]`` (0, 0).
+The finish of a row resets its n_c, each ticket winner its ticket, the last finish of a
+launch that launch's list. A call that fails on the host part-way drops its workspace
 (``discard``), so a half-run call never leaves stale values behind.
 """
 from __future__ import annotations

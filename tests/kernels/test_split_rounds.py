@@ -52,6 +52,31 @@ def test_flat_rows_take_the_histogram_rounds(device, monkeypatch, rounds):
     assert not ws.work[:, :2].any() and not ws.n_c.any() and not ws.ticket.any()
 
 
+def test_overflow_without_read2_histogram_searches_in_the_first_round(device):
+    """A row whose nucleus sits in one lane (twelve close tokens in lane 5, the rest -inf):
+    few lane maxima above lo, so the decide does not flag it for read 2's histogram; its
+    candidates overflow a capacity of 4 and it searches in the first round instead, then
+    is gathered (path 4) or, still searching in the last round, takes the pivot search (3)."""
+    n, vocab = 3, 1500
+    g = torch.Generator().manual_seed(2)
+    logits = torch.full((n, vocab), NEG_INF)
+    cols = torch.arange(12) * 64 + 5
+    logits[:, cols] = 10.0 + torch.randn(n, 12, generator=g) * 0.3
+    logits[:, 7] = 6.0  # one token in another lane
+    inv = torch.ones(n)
+    k = torch.full((n,), -1, dtype=torch.int32)
+    p = torch.tensor([0.9, 0.6, 0.99])
+    lmp = torch.full((n,), NEG_INF)
+    seeds, pos = torch.tensor([11, 12, 13]), torch.tensor([1, 2, 3])
+    args = (logits, inv, k, p, lmp, seeds, pos)
+    got, paths = _run(device, *args, cap=4, split=3, nucleus_first=True, lists=3, list_slots=64, all_top_p=True)
+    want = _reference(*args)
+    assert torch.equal(got, want), (got, want)
+    assert set(paths.tolist()) <= {3, 4} and 4 in paths.tolist(), paths
+    (ws,) = [w for w in sw._CACHE.values() if w.cand_x.shape[-1] == 4 and w.lx.shape[-1] == 64]
+    assert ws.brk[:n, 3].tolist() == [0.0] * n  # not flagged: no histogram in read 2
+
+
 def test_rounds_is_checked():
     x = torch.zeros(2, 100)
     args = (x, torch.ones(2), torch.arange(2), torch.zeros(2, dtype=torch.long),

@@ -1,0 +1,97 @@
+"""Read 2 and the histogram rounds of the split sampler at other settings (session 8).
+
+For the bench's top-p case ([1024 x 151,936] fp32, temperature 0.7, top-p 0.9) on its
+peaked logits (N(0, 4^2)) and on flat ones (N(0, s^2), s = 1, 2, 3), per variant of
+(rounds, read 2's chunk columns, register cap of read 2 and the rounds): the GPU time
+from a CUDA-graph replay (no host gaps), the host time to issue one call, the rows per
+path and the rows off the torch reference. Session 8 left rounds 2, chunks of 2,048 and
+no cap (255 registers on sm90: 2 programs per SM); flat rows took 6-24 ms.
+
+Usage (GPU): python3 benchmarks/sampler_rounds.py [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from core_runner.bench.sampler_bench import _time
+from core_runner.kernels import split_workspace
+from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
+from core_runner.sample.metadata import SamplingMetadata
+from core_runner.sample.sampler import cut_shape, gumbel_sample_ref
+
+VARIANTS = [dict(rounds=2, chunk=2048, maxnreg=None), dict(rounds=1, chunk=2048, maxnreg=None),
+            dict(rounds=2, chunk=2048, maxnreg=128), dict(rounds=2, chunk=8192, maxnreg=None),
+            dict(rounds=3, chunk=2048, maxnreg=128), dict(rounds=0, chunk=2048, maxnreg=None)]
+
+
+def _graph_ms(fn, dev) -> float:
+    """GPU time of fn replayed from a CUDA graph (captured on a side stream)."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return 1e3 * _time(g.replay, dev, 10, 2)
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    n, vocab = 1024, 151936
+    base = torch.randn(n, vocab, device=dev)
+    m = SamplingMetadata(inv_temp=torch.full((n,), 1 / 0.7, device=dev), seeds=torch.arange(n, device=dev),
+                         positions=torch.full((n,), 100, dtype=torch.int64, device=dev), any_random=True)
+    m.top_k = torch.full((n,), -1, dtype=torch.int32, device=dev)
+    m.top_p = torch.full((n,), 0.9, device=dev)
+    m.log_min_p = torch.full((n,), float("-inf"), device=dev)
+    m.top_p_only = m.all_top_p = True
+    out = torch.empty(n, dtype=torch.int64, device=dev)
+    paths = torch.empty(n, dtype=torch.int32, device=dev)
+    res = {}
+    for scale in (4.0, 3.0, 2.0, 1.0):
+        logits = base * scale
+        want = gumbel_sample_ref(logits, m.inv_temp, m.seeds, m.positions,
+                                 top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p))
+        for v in VARIANTS:
+            split_workspace.CHUNK_COLS = v["chunk"]
+            shape = dict(cut_shape(m), rounds=v["rounds"], round_maxnreg=v["maxnreg"])
+
+            def cut(logits=logits, shape=shape):
+                return sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,
+                                               m.log_min_p, out=out, paths=paths, **shape)
+
+            key = f"s{scale:g}_r{v['rounds']}_c{v['chunk']}_reg{v['maxnreg'] or 'max'}"
+            if scale <= 1.0 and v["rounds"] == 0:
+                continue  # the one-program search on every row: minutes
+            cut()
+            off = int((out != want).sum())
+            kinds = {int(k): int(c) for k, c in zip(*torch.unique(paths, return_counts=True))}
+            t0 = time.perf_counter()
+            for _ in range(20):
+                cut()
+            host_us = 1e6 * (time.perf_counter() - t0) / 20
+            torch.cuda.synchronize()
+            res[key] = dict(gpu_ms_graph=_graph_ms(cut, dev), host_us=host_us, paths=kinds, rows_off=off)
+            print(f"  {key}: graph {res[key]['gpu_ms_graph']:.3f} ms, host {host_us:.0f} us, paths {kinds}, "
+                  f"rows off {off}", flush=True)
+        del logits, want
+    split_workspace.CHUNK_COLS = 2048
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sampler_rounds": res}, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()
