@@ -2,7 +2,8 @@
 
 For the bench's top-p case ([1024 x 151,936] fp32, temperature 0.7, top-p 0.9) on its
 peaked logits (N(0, 4^2)) and on flat ones (N(0, s^2), s = 1, 2, 3), per variant of
-(rounds, read 2's chunk columns, register cap of read 2 and the rounds): the GPU time
+(rounds, read 2's chunk columns, register cap of read 2 and the rounds, launches through
+``fast_launch`` or not): the GPU time
 from a CUDA-graph replay (no host gaps), the host time to issue one call, the rows per
 path and the rows off the torch reference. Session 8 left rounds 2, chunks of 2,048 and
 no cap (255 registers on sm90: 2 programs per SM); flat rows took 6-24 ms.
@@ -18,13 +19,14 @@ import time
 import torch
 
 from core_runner.bench.sampler_bench import _time
-from core_runner.kernels import split_workspace
+from core_runner.kernels import fast_launch, split_workspace
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
 from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import cut_shape, gumbel_sample_ref
 
-VARIANTS = [dict(rounds=2, chunk=2048, maxnreg=None), dict(rounds=1, chunk=2048, maxnreg=None),
+VARIANTS = [dict(rounds=2, chunk=2048, maxnreg=None), dict(rounds=2, chunk=2048, maxnreg=None, fast=True),
+            dict(rounds=1, chunk=2048, maxnreg=None),
             dict(rounds=2, chunk=2048, maxnreg=128), dict(rounds=2, chunk=8192, maxnreg=None),
             dict(rounds=3, chunk=2048, maxnreg=128), dict(rounds=0, chunk=2048, maxnreg=None)]
 
@@ -65,6 +67,7 @@ def main(argv=None) -> dict:
                                  top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p))
         for v in VARIANTS:
             split_workspace.CHUNK_COLS = v["chunk"]
+            fast_launch.ENABLED = v.get("fast", False)
             shape = dict(cut_shape(m), rounds=v["rounds"], round_maxnreg=v["maxnreg"])
 
             def cut(logits=logits, shape=shape):
@@ -72,6 +75,7 @@ def main(argv=None) -> dict:
                                                m.log_min_p, out=out, paths=paths, **shape)
 
             key = f"s{scale:g}_r{v['rounds']}_c{v['chunk']}_reg{v['maxnreg'] or 'max'}"
+            key += "_fast" if v.get("fast") else ""
             if scale <= 1.0 and v["rounds"] == 0:
                 continue  # the one-program search on every row: minutes
             cut()
@@ -87,6 +91,7 @@ def main(argv=None) -> dict:
                   f"rows off {off}", flush=True)
         del logits, want
     split_workspace.CHUNK_COLS = 2048
+    fast_launch.ENABLED = False
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sampler_rounds": res}, f, indent=1)

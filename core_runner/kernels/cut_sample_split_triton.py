@@ -53,6 +53,7 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import lane_floor
+from core_runner.kernels.fast_launch import fast
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
 from core_runner.kernels.split_finish_triton import _DONE, _ONE_PROGRAM, _READ2, _lane_maxima
 from core_runner.kernels.split_read2_triton import _round_kernel, read2_grid
@@ -348,23 +349,23 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
     fuse = all_top_p and lists > 0  # one read-1 launch, which decides each row at its end
     for rows, name in read1:
-        _read1_kernel[(n_parts, n)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax,
-                                    lx, li, ln, lb, row_f, row_i, out, paths, ws.work[0], ws.brk, ws.ticket, vocab,
-                                    part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block, NTP=ntp, ROWS=rows,
-                                    DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
-                                    ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, num_warps=num_warps,
-                                    **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
+        fast(_read1_kernel)[(n_parts, n)](
+            logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, lx, li, ln, lb, row_f, row_i,
+            out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
+            NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
+            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, num_warps=num_warps,
+            **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
         _mark(marks, name)
     if not fuse:
-        _decide_kernel[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i, out,
-                             paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log, BLOCK=block,
-                             P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p, NPV=HIST_PIVOTS,
-                             num_warps=row_warps)
+        fast(_decide_kernel)[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i,
+                                   out, paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log,
+                                   BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p,
+                                   NPV=HIST_PIVOTS, num_warps=row_warps)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
     grid = (read2_grid(dev, n, n_chunks),)
     for r in range(rounds + 1):  # read 2, then the histogram rounds (``split_rounds_triton``)
-        _round_kernel[grid](
+        fast(_round_kernel)[grid](
             logits, s_row, inv, sd, pos, k, p, lmp, row_f, row_i, a1, tmax, n_c, a_chunks, cand_x, cand_i, out, paths,
             ws.brk, ws.hist, ws.work[r], ws.work[min(r + 1, rounds)], ws.ticket, vocab, n_parts, n_tiles, n_chunks,
             FAST_LOG=fast_log, BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,

@@ -1,0 +1,96 @@
+"""Launching a Triton kernel through its compiled kernel, without ``JITFunction.run``'s
+per-call work (opt-in: ``CORE_RUNNER_FAST_LAUNCH=1``, or ``fast_launch.ENABLED = True``).
+
+On the H200 image (triton 3.6) one launch of the split sampler's round kernel (27 runtime
+arguments, 20 constexprs) cost ~45-75 us of host time (session 8, cProfile of
+``benchmarks/sampler_host.py``): the binder specialises every argument, the cache key is
+built, the launch metadata is gathered, and only then does the C launcher run. With four
+launches a Sampler call took 240-450 us of host time against 0.273 ms of GPU time.
+
+``fast(fn)[grid](*args, **kwargs)`` keys each call by what triton specialises on (per
+tensor: dtype and 16-byte alignment; per int: == 1, divisible by 16, fits int32; the
+constexprs' values; the launch options; the device). The first call of a key goes through
+``fn[grid]`` (which compiles if needed and returns the compiled kernel); later calls hand
+the arguments straight to ``CompiledKernel.run`` the way ``JITFunction.run`` does in
+triton 3.6 and 3.9. Off, or under the interpreter, ``fast(fn)[grid]`` is ``fn[grid]``.
+
+Not measured on a GPU yet (written when session 8's device time was spent): NOTES.md.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+ENABLED = os.environ.get("CORE_RUNNER_FAST_LAUNCH") == "1"
+
+
+def _spec(v):
+    """What triton's specialisation sees of a runtime argument (conservatively)."""
+    if isinstance(v, torch.Tensor):
+        return ("t", v.dtype, v.data_ptr() % 16 == 0)
+    if isinstance(v, bool):
+        return ("b", v)
+    if isinstance(v, int):
+        return ("i", v == 1, v % 16 == 0, -2**31 <= v < 2**31)
+    if isinstance(v, float):
+        return ("f",)
+    return ("o", v)
+
+
+def _device() -> int:
+    return torch.cuda.current_device() if torch.cuda.is_available() else -1
+
+
+def _stream() -> int:
+    return torch.cuda.current_stream().cuda_stream if torch.cuda.is_available() else 0
+
+
+class FastLaunch:
+    def __init__(self, fn):
+        self.fn = fn
+        self.enabled: bool | None = None  # None: the module's ENABLED
+        self.cache: dict[tuple, object] = {}
+        self.names: list[str] = []  # (read off fn on the first fast call: the interpreter's kernels lack params)
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launch(grid, args, kwargs)
+
+    def launch(self, grid, args: tuple, kwargs: dict):
+        on = ENABLED if self.enabled is None else self.enabled
+        if not on or not hasattr(self.fn, "params"):  # off, or the interpreter's kernel
+            return self.fn[grid](*args, **kwargs)
+        if not self.names:
+            self.names = list(self.fn.arg_names)
+            self.name_set = set(self.names)
+            self.constexpr = [p.is_constexpr for p in self.fn.params]
+            self.defaults = [p.default for p in self.fn.params]
+        n = len(args)
+        full = list(args) + [kwargs.get(name, d) for name, d in zip(self.names[n:], self.defaults[n:])]
+        options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in self.name_set))
+        key = (_device(), options, tuple(v if ce else _spec(v) for v, ce in zip(full, self.constexpr)))
+        kernel = self.cache.get(key)
+        if kernel is None:
+            kernel = self.fn[grid](*args, **kwargs)  # compiles (or finds) and launches
+            if kernel is not None and hasattr(kernel, "run"):
+                self.cache[key] = kernel
+            return kernel
+        from triton import knobs
+
+        g = tuple(grid) + (1, 1)
+        stream = _stream()
+        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+                   kernel.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,
+                   knobs.runtime.launch_exit_hook, *full)
+        return kernel
+
+
+_FAST: dict[object, FastLaunch] = {}
+
+
+def fast(fn) -> FastLaunch:
+    """The FastLaunch of a @triton.jit kernel (one per kernel)."""
+    got = _FAST.get(fn)
+    if got is None:
+        got = _FAST[fn] = FastLaunch(fn)
+    return got
