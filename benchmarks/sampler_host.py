@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from core_runner.bench.sampler_bench import _time
+from core_runner.bench.sampler_bench import _time, graph_ms
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import Sampler, cut_shape
@@ -80,16 +80,7 @@ def main(argv=None) -> dict:
         "gpu_ms_cut_back_to_back": 1e3 * _time(cut, dev, 20, 3),
         "gpu_ms_sampler_back_to_back": 1e3 * _time(lambda: sampler(logits, m), dev, 20, 3),
     }
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        cut()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=s):
-            cut()
-    torch.cuda.current_stream().wait_stream(s)
-    res["gpu_ms_cut_graph_replay"] = 1e3 * _time(g.replay, dev, 20, 3)
+    res["gpu_ms_cut_graph_replay"] = graph_ms(cut, dev)
     cut()
     res["paths_scale4"] = {int(k): int(v) for k, v in zip(*torch.unique(paths, return_counts=True))}
     # flat rows (N(0, s^2) logits) end in the pivot search: its tile width (search_block) next to the default

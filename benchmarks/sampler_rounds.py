@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from core_runner.bench.sampler_bench import _time
+from core_runner.bench.sampler_bench import graph_ms
 from core_runner.kernels import fast_launch, split_workspace
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
@@ -29,20 +29,6 @@ VARIANTS = [dict(rounds=2, chunk=2048, maxnreg=None), dict(rounds=2, chunk=2048,
             dict(rounds=1, chunk=2048, maxnreg=None),
             dict(rounds=2, chunk=2048, maxnreg=128), dict(rounds=2, chunk=8192, maxnreg=None),
             dict(rounds=3, chunk=2048, maxnreg=128), dict(rounds=0, chunk=2048, maxnreg=None)]
-
-
-def _graph_ms(fn, dev) -> float:
-    """GPU time of fn replayed from a CUDA graph (captured on a side stream)."""
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-        torch.cuda.synchronize()
-        with torch.cuda.graph(g, stream=s):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    return 1e3 * _time(g.replay, dev, 10, 2)
 
 
 def main(argv=None) -> dict:
@@ -86,7 +72,7 @@ def main(argv=None) -> dict:
                 cut()
             host_us = 1e6 * (time.perf_counter() - t0) / 20
             torch.cuda.synchronize()
-            res[key] = dict(gpu_ms_graph=_graph_ms(cut, dev), host_us=host_us, paths=kinds, rows_off=off)
+            res[key] = dict(gpu_ms_graph=graph_ms(cut, dev, 10, 2), host_us=host_us, paths=kinds, rows_off=off)
             print(f"  {key}: graph {res[key]['gpu_ms_graph']:.3f} ms, host {host_us:.0f} us, paths {kinds}, "
                   f"rows off {off}", flush=True)
         del logits, want

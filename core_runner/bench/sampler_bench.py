@@ -54,6 +54,21 @@ def _time(fn: Callable[[], object], device: torch.device, iters: int, warmup: in
     return _wall(fn, device, iters)
 
 
+def graph_ms(fn: Callable[[], object], device: torch.device, iters: int = 20, warmup: int = 3) -> float:
+    """GPU milliseconds of fn replayed from a CUDA graph captured on a side stream (no host
+    gaps between its launches, unlike back-to-back calls)."""
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+        torch.cuda.synchronize()
+        with torch.cuda.graph(g, stream=s):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    return 1e3 * _time(g.replay, device, iters, warmup)
+
+
 def _wall(fn: Callable[[], object], device: torch.device, iters: int) -> float:
     """Median wall seconds of one call with a device sync after each (launch and sync included)."""
     times = []
