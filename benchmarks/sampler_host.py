@@ -22,9 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from core_runner.bench.sampler_bench import _time, graph_ms
+from core_runner.bench.sampler_bench import _time, bench_meta, graph_ms
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
-from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import Sampler, cut_shape
 
 
@@ -55,12 +54,7 @@ def main(argv=None) -> dict:
     dev = torch.device("cuda")
     n, vocab = 1024, 151936
     logits = torch.randn(n, vocab, device=dev) * 4.0
-    m = SamplingMetadata(inv_temp=torch.full((n,), 1 / 0.7, device=dev), seeds=torch.arange(n, device=dev),
-                         positions=torch.full((n,), 100, dtype=torch.int64, device=dev), any_random=True)
-    m.top_k = torch.full((n,), -1, dtype=torch.int32, device=dev)
-    m.top_p = torch.full((n,), 0.9, device=dev)
-    m.log_min_p = torch.full((n,), 0.0, device=dev).log()
-    m.top_p_only = m.all_top_p = True
+    m = bench_meta(n, dev, 0.7, 0.9)
     sampler = Sampler(use_triton=True)
     shape = cut_shape(m)
     out = torch.empty(n, dtype=torch.int64, device=dev)

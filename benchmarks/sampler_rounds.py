@@ -18,11 +18,10 @@ import time
 
 import torch
 
-from core_runner.bench.sampler_bench import graph_ms
+from core_runner.bench.sampler_bench import bench_meta, graph_ms
 from core_runner.kernels import fast_launch, split_workspace
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
-from core_runner.sample.metadata import SamplingMetadata
 from core_runner.sample.sampler import cut_shape, gumbel_sample_ref
 
 VARIANTS = [dict(rounds=2, chunk=2048, maxnreg=None), dict(rounds=2, chunk=2048, maxnreg=None, fast=True),
@@ -38,12 +37,7 @@ def main(argv=None) -> dict:
     dev = torch.device("cuda")
     n, vocab = 1024, 151936
     base = torch.randn(n, vocab, device=dev)
-    m = SamplingMetadata(inv_temp=torch.full((n,), 1 / 0.7, device=dev), seeds=torch.arange(n, device=dev),
-                         positions=torch.full((n,), 100, dtype=torch.int64, device=dev), any_random=True)
-    m.top_k = torch.full((n,), -1, dtype=torch.int32, device=dev)
-    m.top_p = torch.full((n,), 0.9, device=dev)
-    m.log_min_p = torch.full((n,), float("-inf"), device=dev)
-    m.top_p_only = m.all_top_p = True
+    m = bench_meta(n, dev, 0.7, 0.9)
     out = torch.empty(n, dtype=torch.int64, device=dev)
     paths = torch.empty(n, dtype=torch.int32, device=dev)
     res = {}

@@ -107,6 +107,24 @@ def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | N
     return torch.cuda.max_memory_allocated(device) - base
 
 
+def bench_meta(batch: int, dev: torch.device, temperature: float = 0.7, p: float = 1.0, k: int = -1,
+               min_p: float = 0.0) -> SamplingMetadata:
+    """The bench's sampling metadata: every row sampled at one temperature (seed = row,
+    position 100) with the same cuts (none when p = 1, k <= 0 and min_p = 0)."""
+    m = SamplingMetadata(
+        inv_temp=torch.full((batch,), 1.0 / temperature, device=dev),
+        seeds=torch.arange(batch, dtype=torch.int64, device=dev),
+        positions=torch.full((batch,), 100, dtype=torch.int64, device=dev), any_random=True,
+    )
+    if p < 1.0 or k > 0 or min_p > 0.0:
+        m.top_k = torch.full((batch,), k, dtype=torch.int32, device=dev)
+        m.top_p = torch.full((batch,), p, device=dev)
+        m.log_min_p = torch.full((batch,), min_p, device=dev).log()
+        m.top_p_only = k <= 0 and min_p == 0.0
+        m.all_top_p = m.top_p_only and p < 1.0
+    return m
+
+
 def run_sampler_bench(
     device: str = "cuda", batch: int = 1024, vocab: int = 151936, temperature: float = 0.7, top_p: float = 0.9,
     iters: int = 20, warmup: int = 3, seed: int = 0, sweep: bool = False, one_program_cuts: bool = True,
@@ -118,18 +136,7 @@ def run_sampler_bench(
     sampler = Sampler(use_triton=dev.type == "cuda")
 
     def meta(p: float, k: int = -1, min_p: float = 0.0) -> SamplingMetadata:
-        m = SamplingMetadata(
-            inv_temp=torch.full((batch,), 1.0 / temperature, device=dev),
-            seeds=torch.arange(batch, dtype=torch.int64, device=dev),
-            positions=torch.full((batch,), 100, dtype=torch.int64, device=dev), any_random=True,
-        )
-        if p < 1.0 or k > 0 or min_p > 0.0:
-            m.top_k = torch.full((batch,), k, dtype=torch.int32, device=dev)
-            m.top_p = torch.full((batch,), p, device=dev)
-            m.log_min_p = torch.full((batch,), min_p, device=dev).log()
-            m.top_p_only = k <= 0 and min_p == 0.0
-            m.all_top_p = m.top_p_only and p < 1.0
-        return m
+        return bench_meta(batch, dev, temperature, p, k, min_p)
 
     top_p_meta, temp_meta = meta(top_p), meta(1.0)
     other = {"top_k50_top_p0.9": meta(0.9, k=50), "top_p0.5": meta(0.5), "min_p0.1": meta(1.0, min_p=0.1)}

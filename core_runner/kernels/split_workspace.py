@@ -44,7 +44,8 @@ class SplitWorkspace:
         self.part_tok = torch.empty((rows, n_parts), dtype=torch.int64, device=dev)
         self.part_f = torch.empty((rows, n_parts, 2), dtype=f32, device=dev)
         self.part_nf = torch.empty((rows, n_parts), dtype=i32, device=dev)
-        self.a_chunks = torch.empty((rows, triton.cdiv(n_tiles, chunk_cols(block) // block)), dtype=f32, device=dev)
+        n_chunks = triton.cdiv(n_tiles, chunk_cols(block) // block)  # read 2's work items per row
+        self.a_chunks = torch.empty((rows, n_chunks), dtype=f32, device=dev)
         self.a1 = torch.empty((rows, n_parts, block), dtype=f32, device=dev)
         self.tmax = torch.empty((rows, n_tiles), dtype=f32, device=dev)
         self.row_f = torch.empty((rows, 4), dtype=f32, device=dev)
@@ -53,7 +54,6 @@ class SplitWorkspace:
         self.ticket = torch.zeros(rows, dtype=i32, device=dev)
         # per launch of read 2 and the rounds: [length, rows finished, -, -, row, row, ...] (rows + 4: 16-byte aligned)
         self.work = torch.zeros((MAX_ROUNDS + 1, rows + 4), dtype=i32, device=dev)
-        n_chunks = triton.cdiv(n_tiles, chunk_cols(block) // block)
         self.brk = torch.empty((rows, HIST_PIVOTS + 4), dtype=f32, device=dev)
         self.hist = torch.empty((rows, n_chunks, 2 * HIST_PIVOTS), dtype=f32, device=dev)
         self.cand_x = torch.empty((rows, cap), dtype=f32, device=dev)
