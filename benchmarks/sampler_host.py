@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from core_runner.bench.sampler_bench import _time, bench_meta, graph_ms
+from core_runner.kernels import fast_launch
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.sample.sampler import Sampler, cut_shape
 
@@ -35,10 +36,14 @@ def _many_args(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, 
         tl.store(a0, n0 + n1 + n2 + n3 + n4 + n5 + n6 + n7 + n8 + n9 + B + C)
 
 
-def _host_us(fn, iters: int = 200) -> float:
+def _host_us(fn, iters: int = 200, busy: bool = False) -> float:
+    """Host microseconds to issue one call (busy: behind ~50 ms of GPU sleep, so a call
+    that waits on the GPU shows it)."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
+    if busy:
+        torch.cuda._sleep(int(1e8))
     t = time.perf_counter()
     for _ in range(iters):
         fn()
@@ -77,15 +82,23 @@ def main(argv=None) -> dict:
     res["gpu_ms_cut_graph_replay"] = graph_ms(cut, dev)
     cut()
     res["paths_scale4"] = {int(k): int(v) for k, v in zip(*torch.unique(paths, return_counts=True))}
-    # flat rows (N(0, s^2) logits) end in the pivot search: its tile width (search_block) next to the default
-    for sb in (64, 256):
-        for scale in (2.0, 3.0):
-            x = logits * (scale / 4.0)
-            res[f"gpu_ms_cut_scale{scale}_search_block{sb}"] = 1e3 * _time(
-                lambda x=x: sample_with_cuts_triton(x, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,
-                                                    m.log_min_p, out=out, paths=paths, **dict(shape, search_block=sb)),
-                dev, 3, 1)
-            del x
+    # does the host wait on the GPU? the same calls issued behind ~50 ms of GPU sleep
+    res["host_us_cut_call_gpu_busy"] = _host_us(cut, 20, busy=True)
+    fast_launch.ENABLED = True
+    res["host_us_cut_call_fast"] = _host_us(cut)
+    res["host_us_sampler_call_fast"] = _host_us(lambda: sampler(logits, m))
+    res["host_us_cut_call_fast_gpu_busy"] = _host_us(cut, 20, busy=True)
+    res["gpu_ms_sampler_back_to_back_fast"] = 1e3 * _time(lambda: sampler(logits, m), dev, 20, 3)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        cut()
+    prof.disable()
+    torch.cuda.synchronize()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(14)
+    print("cut() with fast launch:", buf.getvalue()[:3000], flush=True)
+    fast_launch.ENABLED = False
     for k, v in res.items():
         print(f"  {k}: {v:.4g}" if isinstance(v, float) else f"  {k}: {v}", flush=True)
     prof = cProfile.Profile()

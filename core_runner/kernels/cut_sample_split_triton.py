@@ -284,6 +284,7 @@ def sample_with_cuts_split(
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
     tile_max: bool = True, all_top_p: bool = False, rounds: int = 2, round_maxnreg: int | None = None,
+    decide_warps: int = 0,
 ) -> torch.Tensor:
     """The launches of the module docstring for contiguous
     [n, V] logits, n > 0, on a workspace kept between calls (``split_workspace``);
@@ -297,6 +298,9 @@ def sample_with_cuts_split(
     rows is left out; a row that is not gets token -1 and path 9. ``rounds`` (0 to
     MAX_ROUNDS): histogram launches after read 2 (0: flat rows take the one-program pivot
     search); ``round_maxnreg``: a register cap for read 2 and the rounds (None: none).
+    ``decide_warps``: 0 fuses the decide into read 1 where it can (``all_top_p`` with
+    lists: the last program of a row decides it, with read 1's warps); > 0 always runs it
+    as a launch of its own, one program of that many warps per row.
     ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
     launch, behind a ("start", event) pair, for a per-launch time breakdown."""
     if lists not in (0, 2, 3):
@@ -307,6 +311,8 @@ def sample_with_cuts_split(
         raise ValueError(f"lists={lists} needs nucleus_first=True (the lists replace the draw of read 1)")
     if list_slots < 1 or list_slots & (list_slots - 1):
         raise ValueError(f"list_slots={list_slots} must be a power of 2")
+    if decide_warps not in (0, 1, 2, 4, 8, 16):
+        raise ValueError(f"decide_warps={decide_warps}: 0 (fused into read 1) or a power of 2 up to 16")
     if not 0 <= rounds <= MAX_ROUNDS:
         raise ValueError(f"rounds={rounds}: the histogram rounds after read 2 number 0 to {MAX_ROUNDS}")
     if logits.shape[0] > 65535:  # read 1's grid is (parts, rows): CUDA's second grid axis
@@ -326,7 +332,7 @@ def sample_with_cuts_split(
     try:
         _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
                 search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p,
-                rounds, round_maxnreg)
+                rounds, round_maxnreg, decide_warps)
     except BaseException:
         discard(ws)
         raise
@@ -335,7 +341,7 @@ def sample_with_cuts_split(
 
 def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
             search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds,
-            round_maxnreg):
+            round_maxnreg, decide_warps):
     """The launches of ``sample_with_cuts_split`` on its workspace."""
     n = logits.shape[0]
     dev = logits.device
@@ -347,7 +353,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     s_row = logits.stride(0)
     _mark(marks, "start")
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
-    fuse = all_top_p and lists > 0  # one read-1 launch, which decides each row at its end
+    fuse = all_top_p and lists > 0 and not decide_warps  # one read-1 launch, which decides each row at its end
     for rows, name in read1:
         fast(_read1_kernel)[(n_parts, n)](
             logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, lx, li, ln, lb, row_f, row_i,
@@ -360,7 +366,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
         fast(_decide_kernel)[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i,
                                    out, paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log,
                                    BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p,
-                                   NPV=HIST_PIVOTS, num_warps=row_warps)
+                                   NPV=HIST_PIVOTS, num_warps=decide_warps or row_warps)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
     grid = (read2_grid(dev, n, n_chunks),)

@@ -53,8 +53,10 @@ from core_runner.sample.penalties import apply_penalties
 # search_block 256 (was 64): the pivot search of rows whose nucleus the lists and read 2 do
 # not hold (flat rows) reads 4x wider tiles: N(0, 2^2) logits 18.99 -> 9.85 ms, N(0, 3^2)
 # 3.53 -> 1.98 ms on the H200 (session 7).
+# round_maxnreg 128 (session 9): read 2 and the histogram rounds at 128 registers (4 programs
+# per SM, not 2): flat rows N(0, s^2) for s = 1, 2, 3: 24.4 -> 16.5, 14.6 -> 11.3, 5.5 -> 3.9 ms.
 CUT_SHAPE = dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256,
-                 tile_max=False, search_block=256)
+                 tile_max=False, search_block=256, round_maxnreg=128)
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
 
 

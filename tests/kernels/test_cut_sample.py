@@ -437,12 +437,16 @@ def test_lane_lists_options_are_checked():
 
 def test_all_top_p_leaves_out_the_other_rows_draw(device):
     """``all_top_p`` (every row promised top-p alone): one read-1 launch, the reference's
-    tokens; a row that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9
+    tokens (and the same with the decide in a launch of its own, ``decide_warps``); a row that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9
     and the others keep their tokens."""
     args = list(_long_top_p_rows(8))
     kw = dict(cap=128, split=3, nucleus_first=True, lists=3, list_slots=64, all_top_p=True)
     got, paths = _run(device, *args, **kw)
     assert torch.equal(got, _reference(*args)) and set(paths.tolist()) <= {3, 4, 7, 8}, paths
+    got2, paths2 = _run(device, *args, **kw, decide_warps=4)  # the decide in a launch of its own
+    assert torch.equal(got2, got) and torch.equal(paths2, paths)
+    with pytest.raises(ValueError, match="decide_warps=3: 0 .fused into read 1. or a power of 2 up to 16"):
+        _run(device, *args, **kw, decide_warps=3)
     logits, inv, k, p, lmp, seeds, pos = (t.clone() for t in args)
     inv[2], p[5], k[9] = 0.0, 1.0, 5
     got, paths = _run(device, logits, inv, k, p, lmp, seeds, pos, **kw)
