@@ -351,6 +351,12 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     fast_log = use_fast_log(dev)
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
+    # what fixes every launch's specialisation (``fast_launch``): the workspace (its views'
+    # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
+    ck = (id(ws), ws.rows, logits.dtype, s_row, vocab, part, fast_log, block, cap, search_block, num_pivots,
+          num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg, decide_warps,
+          chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
+          *(t.data_ptr() % 16 for t in (logits, inv, sd, pos, k, p, lmp, out, paths)))
     _mark(marks, "start")
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
     fuse = all_top_p and lists > 0 and not decide_warps  # one read-1 launch, which decides each row at its end
@@ -359,14 +365,14 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, lx, li, ln, lb, row_f, row_i,
             out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
             NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
-            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, num_warps=num_warps,
+            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, num_warps=num_warps, _key=(ck, rows),
             **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
         _mark(marks, name)
     if not fuse:
         fast(_decide_kernel)[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i,
                                    out, paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log,
                                    BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p,
-                                   NPV=HIST_PIVOTS, num_warps=decide_warps or row_warps)
+                                   NPV=HIST_PIVOTS, num_warps=decide_warps or row_warps, _key=ck)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
     grid = (read2_grid(dev, n, n_chunks),)
@@ -377,7 +383,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             FAST_LOG=fast_log, BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,
             NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap), SCAND2=min(256, cap), CHUNK=chunk_cols(block),
             CT=chunk_cols(block) // block, TMAX=tile_max or not lists, NPV=HIST_PIVOTS, SUB=HIST_SUB,
-            FIRST=r == 0, LAST=r == rounds, num_warps=row_warps,
+            FIRST=r == 0, LAST=r == rounds, num_warps=row_warps, _key=(ck, r),
             **({"maxnreg": round_maxnreg} if round_maxnreg else {}))
         _mark(marks, "read2" if r == 0 else f"round{r}")
 

@@ -14,13 +14,19 @@ constexprs' values; the launch options; the device). The first call of a key goe
 the arguments straight to ``CompiledKernel.run`` the way ``JITFunction.run`` does in
 triton 3.6 and 3.9. Off, or under the interpreter, ``fast(fn)[grid]`` is ``fn[grid]``.
 
-Not measured on a GPU yet (written when session 8's device time was spent): NOTES.md.
+Working out that key costs a Python call per argument (~1 us each on the H200 image, where
+the split sampler's launches have 40-50 arguments: session 9's profile). A caller that
+knows what determines the specialisation passes it instead, ``fast(fn)[grid](..., _key=k)``:
+k must fix every constexpr, launch option, tensor dtype and 16-byte alignment, and the
+ints' specialisations (the split sampler keys on its workspace, shapes, options and the
+alignment of its input tensors).
 """
 from __future__ import annotations
 
 import os
 
 import torch
+from triton import knobs
 
 ENABLED = os.environ.get("CORE_RUNNER_FAST_LAUNCH") == "1"
 
@@ -38,12 +44,16 @@ def _spec(v):
     return ("o", v)
 
 
+_CUDA = torch.cuda.is_available()
+
+
 def _device() -> int:
-    return torch.cuda.current_device() if torch.cuda.is_available() else -1
+    return torch.cuda.current_device() if _CUDA else -1
 
 
 def _stream() -> int:
-    return torch.cuda.current_stream().cuda_stream if torch.cuda.is_available() else 0
+    """The current CUDA stream's handle (the call triton makes itself)."""
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()) if _CUDA else 0
 
 
 class FastLaunch:
@@ -58,6 +68,7 @@ class FastLaunch:
 
     def launch(self, grid, args: tuple, kwargs: dict):
         on = ENABLED if self.enabled is None else self.enabled
+        caller_key = kwargs.pop("_key", None)
         if not on or not hasattr(self.fn, "params"):  # off, or the interpreter's kernel
             return self.fn[grid](*args, **kwargs)
         if not self.names:
@@ -67,16 +78,17 @@ class FastLaunch:
             self.defaults = [p.default for p in self.fn.params]
         n = len(args)
         full = list(args) + [kwargs.get(name, d) for name, d in zip(self.names[n:], self.defaults[n:])]
-        options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in self.name_set))
-        key = (_device(), options, tuple(v if ce else _spec(v) for v, ce in zip(full, self.constexpr)))
+        if caller_key is not None:
+            key = (_device(), caller_key)
+        else:
+            options = tuple(sorted((k, v) for k, v in kwargs.items() if k not in self.name_set))
+            key = (_device(), options, tuple(v if ce else _spec(v) for v, ce in zip(full, self.constexpr)))
         kernel = self.cache.get(key)
         if kernel is None:
             kernel = self.fn[grid](*args, **kwargs)  # compiles (or finds) and launches
             if kernel is not None and hasattr(kernel, "run"):
                 self.cache[key] = kernel
             return kernel
-        from triton import knobs
-
         g = tuple(grid) + (1, 1)
         stream = _stream()
         kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,

@@ -68,3 +68,18 @@ def test_fast_launch_reuses_the_compiled_kernel_per_specialisation():
     fl.enabled = False
     fl[(1,)](x, 5, True, BLOCK=16, num_warps=4)  # off: always fn[grid]
     assert len(fn.jit_calls) == len(changes) + 2 and len(fn.kernel.runs) == 1
+
+
+def test_fast_launch_takes_the_callers_key():
+    """With ``_key`` the caller's key alone picks the compiled kernel (no per-argument
+    work); the key is not passed on to the kernel."""
+    fn = _Fn()
+    fl = FastLaunch(fn)
+    fl.enabled = True
+    x = torch.zeros(64)
+    fl[(2,)](x, 5, True, BLOCK=16, _key=("a", 1))
+    assert fn.jit_calls == [((2,), (x, 5, True), dict(BLOCK=16))]
+    fl[(3,)](x, 7, False, BLOCK=16, _key=("a", 1))
+    assert len(fn.jit_calls) == 1 and fn.kernel.runs[0][-5:] == (x, 7, False, 16, False)
+    fl[(3,)](x, 7, False, BLOCK=32, _key=("a", 2))
+    assert len(fn.jit_calls) == 2 and fn.jit_calls[1][2] == dict(BLOCK=32)
