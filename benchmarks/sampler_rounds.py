@@ -82,7 +82,7 @@ def main(argv=None) -> dict:
                   f"rows off {off}, launches {launches}", flush=True)
         del logits, want
     split_workspace.CHUNK_COLS = 2048
-    fast_launch.ENABLED = False
+    fast_launch.ENABLED = True
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sampler_rounds": res}, f, indent=1)

@@ -83,9 +83,11 @@ def _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, a1,
     """The decide launch's record of a row for read 2 and the finish: mode 1 tests a draw
     (A = mass{x > lo} against p Z), mode 2 gathers the nucleus (the tokens > lo hold it);
     and the first bracket of the histogram rounds (``split_rounds_triton``), flagged for
-    read 2's histogram when more than an eighth of the lanes' maxima (a1) are above lo (a
-    flat row: its candidates will likely overflow)."""
-    wide = tl.sum((a1 > lo).to(tl.int32), axis=0) > BLOCK // 8
+    read 2's histogram when more than half of the lanes' maxima (a1) are above lo (a flat
+    row: each is a candidate, so at the Sampler's shape, 512 lanes, its candidates overflow
+    read 2's 256; session 8's eighth also flagged peaked rows the lane lists miss, whose
+    read 2 then paid for a histogram it did not use)."""
+    wide = tl.sum((a1 > lo).to(tl.int32), axis=0) > BLOCK // 2
     first_bracket(brk_ptr + i * (NPV + 4), m, z, p, lo, mode == 2, wide, vocab, NPV)
     tl.store(row_i_ptr + i * 4 + 3, mode)
     tl.store(row_f_ptr + i * 4, m)

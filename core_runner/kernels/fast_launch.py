@@ -1,5 +1,6 @@
 """Launching a Triton kernel through its compiled kernel, without ``JITFunction.run``'s
-per-call work (opt-in: ``CORE_RUNNER_FAST_LAUNCH=1``, or ``fast_launch.ENABLED = True``).
+per-call work (on by default; ``CORE_RUNNER_FAST_LAUNCH=0``, or ``fast_launch.ENABLED =
+False``, sends every launch through ``fn[grid]``).
 
 On the H200 image (triton 3.6) one launch of the split sampler's round kernel (27 runtime
 arguments, 20 constexprs) cost ~45-75 us of host time (session 8, cProfile of
@@ -28,7 +29,10 @@ import os
 import torch
 from triton import knobs
 
-ENABLED = os.environ.get("CORE_RUNNER_FAST_LAUNCH") == "1"
+# on since session 9: with the split sampler's keys (H200, torch 2.11, triton 3.6) a cut call
+# took 150 us of host time against 224, a Sampler call 168 against 243, and the bench's
+# top-p case 0.292 ms against 0.365, 0 rows off the torch reference (benchmarks/RESULTS.md)
+ENABLED = os.environ.get("CORE_RUNNER_FAST_LAUNCH", "1") == "1"
 
 
 def _spec(v):

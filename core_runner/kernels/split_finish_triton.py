@@ -9,8 +9,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from core_runner.kernels.cut_sample_triton import _cut_row, _finish, _min_finite
-from core_runner.kernels.gumbel_sample import gumbel_pass, row_keys
+from core_runner.kernels.cut_sample_triton import _cut_row, _min_finite
+from core_runner.kernels.gumbel_sample import col_hash, first_argmax, gumbel_noise, gumbel_pass, row_keys
+from core_runner.kernels.lane_lists_triton import nucleus_floor
 from core_runner.kernels.split_rounds_triton import _GATHER, _SEARCH, draw_in_bracket, select_bracket, store_bracket
 from core_runner.kernels.top_k_top_p_triton import row_threshold
 
@@ -69,12 +70,12 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
             if path != 7:
                 path = 2
             n_c = tl.load(nc_ptr + i)
-            if covered & (n_c <= SCAND):  # the usual few candidates: narrow sorts
-                t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND)
+            if covered & (n_c <= SCAND):  # the usual few candidates: narrow arrays
+                t = _finish_nucleus(cx, ci, n_c, t, x_t, m, p * z, lo_v, k1, k2, FAST_LOG, SCAND)
             elif covered & (n_c <= SCAND2):
-                t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, SCAND2)
-            elif covered & (n_c <= CAP) & (not MORE):  # (a sort of CAP entries: slow, the rounds avoid it)
-                t = _finish(cx, ci, n_c, t, x_t, m, -float("inf"), 0, False, p, z, k1, k2, FAST_LOG, CAP)
+                t = _finish_nucleus(cx, ci, n_c, t, x_t, m, p * z, lo_v, k1, k2, FAST_LOG, SCAND2)
+            elif covered & (n_c <= CAP) & (not MORE):  # (CAP-wide arrays: slower, the rounds avoid them)
+                t = _finish_nucleus(cx, ci, n_c, t, x_t, m, p * z, lo_v, k1, k2, FAST_LOG, CAP)
             elif MORE:  # flat: the histogram rounds, from the decide's bracket
                 if tl.load(brk_ptr + i * (NPV + 4) + 3) != 0:  # read 2 took its histogram
                     state = next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, p * z, CAP, NPV, NCP)
@@ -95,6 +96,24 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
             tl.store(out_ptr + i, t.to(tl.int64))
             tl.store(path_ptr + i, path)
     tl.store(nc_ptr + i, 0)
+
+
+@triton.jit
+def _finish_nucleus(cx_ptr, ci_ptr, n_c, t, x_t, m, target, lo_v, k1, k2, FAST_LOG: tl.constexpr, CAP: tl.constexpr):
+    """The token of a top-p-alone row from its n_c <= CAP candidates (its tokens > lo_v,
+    which hold the nucleus): v_p by the lane lists' bisection (``nucleus_floor``, no sort:
+    a sort of 256 candidates held read 2 of the bench's 6 such rows at ~0.05 ms, session 9);
+    the draw t stands when x_t >= v_p, else the best x + g over the candidates >= v_p."""
+    offs = tl.arange(0, CAP)
+    valid = offs < n_c
+    cx = tl.load(cx_ptr + offs, mask=valid, other=-float("inf"), cache_modifier=".cg")
+    thr = nucleus_floor(cx, m, target, lo_v)
+    tok = t
+    if x_t < thr:
+        ci = tl.load(ci_ptr + offs, mask=valid, other=0, cache_modifier=".cg")
+        noisy = tl.where(cx >= thr, cx + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
+        tok = first_argmax(noisy, ci)
+    return tok
 
 
 @triton.jit
