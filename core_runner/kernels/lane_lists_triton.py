@@ -156,22 +156,13 @@ def _add_pair(a, b, c, d):
 
 
 @triton.jit
-def nucleus_floor(x, m, target, big_t):
-    """v_p among entries x (> big_t, -inf elsewhere) that hold the nucleus: the smallest
-    entry >= the returned value is v_p, by bisection on the float key. Invariant:
-    mass{x >= value(lo)} >= p Z > mass{x >= value(hi)}, so v_p is an entry in
-    [value(lo), value(hi)); each step's one reduction (mass and count at once) also counts
-    the entries left in the bracket, and the loop stops when one is left (or the bracket
-    is one key: tied entries), so {entries >= value(lo)} = {entries >= v_p}: ~log2(entries)
-    steps, not the ~25 that narrowing [T, max] down to one key took (session 7)."""
-    w = tl.where(x > -float("inf"), tl.exp(x - m), 0.0)
-    lo_k = _key(big_t)
-    hi_k = _key(m) + 1
-    c_lo = tl.sum((x > -float("inf")).to(tl.int32), axis=0)  # entries >= value(lo) (all: they are > T)
-    c_hi = tl.zeros([], tl.int32)  # entries >= value(hi)
+def _bisect(x, w, lo_k, hi_k, c_lo, c_hi, target, above):
+    """Steps of ``nucleus_floor``'s bisection from the bracket [lo_k, hi_k) (float keys) with
+    c_lo / c_hi entries >= value(lo_k) / value(hi_k), while more than ``above`` entries
+    are >= value(lo_k) (0: to the end). w = exp(x - m) (0 off the entries)."""
     for _ in range(0, 33):
         # done once [lo, hi) holds at most one entry: the smallest entry >= value(lo) is then v_p
-        if (hi_k - lo_k > 1) & (c_lo - c_hi > 1):
+        if (hi_k - lo_k > 1) & (c_lo - c_hi > 1) & (c_lo > above):
             mid = lo_k + (hi_k - lo_k) // 2
             ge = x >= _value(mid)
             mass, c_mid = tl.reduce((tl.where(ge, w, 0.0), ge.to(tl.int32)), 0, _add_pair)
@@ -181,23 +172,69 @@ def nucleus_floor(x, m, target, big_t):
             else:
                 hi_k = mid
                 c_hi = c_mid
+    return lo_k, hi_k, c_lo, c_hi
+
+
+@triton.jit
+def nucleus_floor(x, m, target, big_t):
+    """v_p among entries x (> big_t, -inf elsewhere) that hold the nucleus: the smallest
+    entry >= the returned value is v_p, by bisection on the float key. Invariant:
+    mass{x >= value(lo)} >= p Z > mass{x >= value(hi)}, so v_p is an entry in
+    [value(lo), value(hi)); each step's one reduction (mass and count at once) also counts
+    the entries left in the bracket, and the loop stops when one is left (or the bracket
+    is one key: tied entries), so {entries >= value(lo)} = {entries >= v_p}: ~log2(entries)
+    steps, not the ~25 that narrowing [T, max] down to one key took (session 7)."""
+    w = tl.where(x > -float("inf"), tl.exp(x - m), 0.0)
+    n = tl.sum((x > -float("inf")).to(tl.int32), axis=0)  # entries >= value(lo) (all: they are > T)
+    lo_k, _hi, _cl, _ch = _bisect(x, w, _key(big_t), _key(m) + 1, n, tl.zeros([], tl.int32), target, 0)
     return _value(lo_k)
 
 
 @triton.jit
-def _draw_in_nucleus(x, ci, m, target, big_t, k1, k2, FAST_LOG: tl.constexpr):
-    """argmax of x + g over {x >= v_p} among entries x (> big_t, -inf elsewhere) that hold
-    the nucleus (``nucleus_floor``)."""
-    v = nucleus_floor(x, m, target, big_t)
-    noisy = tl.where(x >= v, x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
-    return first_argmax(noisy, ci).to(tl.int64)
+def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_ptr, FAST_LOG: tl.constexpr,
+                     NARROW: tl.constexpr):
+    """argmax of x + g over {x >= v_p} among entries x (> big_t, -inf elsewhere; w their
+    exp(x - m), ci_at their columns' addresses) that hold the nucleus. The bisection
+    (``nucleus_floor``) runs over all the entries only until at most NARROW are left at or
+    above its lower end; those are then moved to the front of the scratch (sx_ptr, si_ptr:
+    the row's own lists, whose entries are all in registers by then), and the rest of the
+    bisection and the noise, the costly part, run on NARROW lanes instead of all of them
+    (the decide's work per row was ~20% of read 1's, session 9). More than NARROW left:
+    everything on all the entries."""
+    n = tl.sum(valid.to(tl.int32), axis=0)
+    lo_k, hi_k, c_lo, c_hi = _bisect(x, w, _key(big_t), _key(m) + 1, n, tl.zeros([], tl.int32), target, NARROW)
+    tok = tl.zeros([], tl.int32)
+    if c_lo <= NARROW:
+        sel = x >= _value(lo_k)
+        ci = tl.load(ci_at, mask=sel, other=0)
+        at = tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        tl.debug_barrier()  # every lane's loads of the lists before they are overwritten
+        tl.store(sx_ptr + at, x, mask=sel)
+        tl.store(si_ptr + at, ci, mask=sel)
+        tl.debug_barrier()
+        offs = tl.arange(0, NARROW)
+        held = offs < c_lo
+        xn = tl.load(sx_ptr + offs, mask=held, other=-float("inf"), cache_modifier=".cg")
+        cn = tl.load(si_ptr + offs, mask=held, other=0, cache_modifier=".cg")
+        wn = tl.where(held, tl.exp(xn - m), 0.0)
+        lo_k, hi_k, c_lo, c_hi = _bisect(xn, wn, lo_k, hi_k, c_lo, c_hi, target, 0)
+        # (names of another shape than the else branch's: triton merges the names both branches set)
+        noisy_n = tl.where(xn >= _value(lo_k), xn + gumbel_noise(col_hash(cn), k1, k2, FAST_LOG), -float("inf"))
+        tok = first_argmax(noisy_n, cn)
+    else:
+        ci = tl.load(ci_at, mask=valid, other=0)
+        lo_k, hi_k, c_lo, c_hi = _bisect(x, w, lo_k, hi_k, c_lo, c_hi, target, 0)
+        noisy = tl.where(x >= _value(lo_k), x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
+        tok = first_argmax(noisy, ci)
+    return tok.to(tl.int64)
 
 
 @triton.jit
 def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2, FAST_LOG: tl.constexpr,
                        P: tl.constexpr, LIST: tl.constexpr):
     """(token, ok) of a top-p-alone row from its parts' lists (pointers at the row's first
-    part): ok false when the lists do not hold the nucleus (module docstring)."""
+    part): ok false when the lists do not hold the nucleus (module docstring). When ok,
+    the row's lists are scratch for the draw (``_draw_in_nucleus``) and are left changed."""
     r = tl.arange(0, P * LIST)
     part = r // LIST
     has_part = part < n_parts
@@ -207,9 +244,10 @@ def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2,
     x = tl.load(lx_ptr + r, mask=held, other=-float("inf"))
     valid = held & (x > big_t)
     x = tl.where(valid, x, -float("inf"))
+    w = tl.where(valid, tl.exp(x - m), 0.0)
     target = p * z
-    ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(tl.where(valid, tl.exp(x - m), 0.0), axis=0) >= target)
+    ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(w, axis=0) >= target)
     tok = tl.zeros([], tl.int64)
     if ok:
-        tok = _draw_in_nucleus(x, tl.load(li_ptr + r, mask=valid, other=0), m, target, big_t, k1, k2, FAST_LOG)
+        tok = _draw_in_nucleus(x, w, li_ptr + r, valid, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG, LIST)
     return tok, ok
