@@ -1,13 +1,13 @@
-"""Read 2 and the histogram rounds of the split sampler at other settings (session 8).
+"""Read 2 and the histogram rounds of the split sampler at other settings (sessions 8-9).
 
 For the bench's top-p case ([1024 x 151,936] fp32, temperature 0.7, top-p 0.9) on its
 peaked logits (N(0, 4^2)) and on flat ones (N(0, s^2), s = 1, 2, 3), per variant of
 (rounds, read 2's chunk columns, register cap of read 2 and the rounds, the decide fused
 into read 1 or a launch of its own with some warps, launches through ``fast_launch`` or
-not): the GPU time
-from a CUDA-graph replay (no host gaps), the host time to issue one call, the rows per
-path, the rows off the torch reference and each launch's time (events, one call). Session 8 left rounds 2, chunks of 2,048 and
-no cap (255 registers on sm90: 2 programs per SM); flat rows took 6-24 ms.
+not): the GPU time from a CUDA-graph replay (no host gaps), the host time to issue one
+call, the rows per path, the rows off the torch reference and each launch's time
+(events, one call). Session 8 left rounds 2, chunks of 2,048 and no cap (255 registers on
+sm90: 2 programs per SM); flat rows took 6-24 ms.
 
 Usage (GPU): python3 benchmarks/sampler_rounds.py [--json out.json]
 """

@@ -58,7 +58,7 @@ from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_
 from core_runner.kernels.split_finish_triton import _DONE, _ONE_PROGRAM, _READ2, _lane_maxima
 from core_runner.kernels.split_read2_triton import _round_kernel, read2_grid
 from core_runner.kernels.split_rounds_triton import first_bracket
-from core_runner.kernels.split_workspace import HIST_PIVOTS, HIST_SUB, MAX_ROUNDS, chunk_cols, discard, split_workspace
+from core_runner.kernels.split_workspace import HIST_PIVOTS, MAX_ROUNDS, chunk_cols, discard, split_workspace
 from core_runner.kernels.gumbel_sample import (
     argmax_pass, combine_part_tokens, gumbel_pass, row_keys, row_part, use_fast_log,
 )
@@ -384,7 +384,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             ws.brk, ws.hist, ws.work[r], ws.work[min(r + 1, rounds)], ws.ticket, vocab, n_parts, n_tiles, n_chunks,
             FAST_LOG=fast_log, BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,
             NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap), SCAND2=min(256, cap), CHUNK=chunk_cols(block),
-            CT=chunk_cols(block) // block, TMAX=tile_max or not lists, NPV=HIST_PIVOTS, SUB=HIST_SUB,
+            CT=chunk_cols(block) // block, TMAX=tile_max or not lists, NPV=HIST_PIVOTS,
             FIRST=r == 0, LAST=r == rounds, num_warps=row_warps, _key=(ck, r),
             **({"maxnreg": round_maxnreg} if round_maxnreg else {}))
         _mark(marks, "read2" if r == 0 else f"round{r}")

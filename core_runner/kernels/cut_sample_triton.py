@@ -396,8 +396,9 @@ def sample_with_cuts_triton(
     cut, 1 unrestricted draw kept, 2 redrawn without a search (candidates, or the min-p
     mask), 3 pivot search, 4 top-p alone after histogram rounds over many programs (split:
     ``rounds`` launches after read 2, ``split_rounds_triton``; ``round_maxnreg`` caps their
-    registers; ``decide_warps`` > 0: the decide in a launch of its own with that many warps); 7 top-p alone drawn among the candidates >= F without a first
-    draw (split with ``nucleus_first``), 8 the same drawn from read 1's lane lists (``lists``),
+    registers; ``decide_warps`` > 0: the decide in a launch of its own with that many
+    warps); 7 top-p alone drawn among the candidates >= F without a first draw (split
+    with ``nucleus_first``), 8 the same drawn from read 1's lane lists (``lists``),
     9 a row that breaks the ``all_top_p`` promise (token -1).
     ``split`` > 1 spreads every row over that many programs
     (``cut_sample_split_triton``: five launches, the same tokens); there

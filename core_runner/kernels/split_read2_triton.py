@@ -57,7 +57,7 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                   hist_ptr, work_ptr, next_ptr, ticket_ptr, vocab, n_parts, n_tiles, n_chunks,
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
                   NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr,
-                  CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr, NPV: tl.constexpr, SUB: tl.constexpr,
+                  CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr, NPV: tl.constexpr,
                   FIRST: tl.constexpr, LAST: tl.constexpr):
     """Program q of the fixed grid takes the work items q, q + grid, ... of its list
     (module docstring). FIRST: read 2 (rows ``_READ2``, ``_ONE_PROGRAM``); else a
@@ -82,9 +82,9 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                              cx_ptr, ci_ptr, vocab, n_tiles, n_chunks, CAP, CHUNK, CT, TMAX)
                 if not LAST:  # the first histogram, for a row flagged flat by the decide
                     if tl.load(b + 3) != 0:
-                        hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, SUB, NPV)
+                        hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, NPV)
             elif state == _SEARCH:
-                hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, SUB, NPV)
+                hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, NPV)
             else:
                 k1, k2 = row_keys(seed_ptr, pos_ptr, i)
                 gather_chunk(row, i, c, inv_t, k1, k2, b, h, nc_ptr, cx_ptr, ci_ptr, vocab, FAST_LOG, CAP, CHUNK)

@@ -26,9 +26,8 @@ _CACHE: dict[tuple, "SplitWorkspace"] = {}
 CHUNK_COLS = 2048
 
 
-# histogram rounds (``split_rounds_triton``): pivots per round, columns per sub-tile, at most rounds after read 2
+# histogram rounds (``split_rounds_triton``): pivots per round (a multiple of 4), at most rounds after read 2
 HIST_PIVOTS = 32
-HIST_SUB = 64
 MAX_ROUNDS = 3
 
 

@@ -437,8 +437,9 @@ def test_lane_lists_options_are_checked():
 
 def test_all_top_p_leaves_out_the_other_rows_draw(device):
     """``all_top_p`` (every row promised top-p alone): one read-1 launch, the reference's
-    tokens (and the same with the decide in a launch of its own, ``decide_warps``); a row that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9
-    and the others keep their tokens."""
+    tokens (and the same with the decide in a launch of its own, ``decide_warps``); a row
+    that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9 and the others
+    keep their tokens."""
     args = list(_long_top_p_rows(8))
     kw = dict(cap=128, split=3, nucleus_first=True, lists=3, list_slots=64, all_top_p=True)
     got, paths = _run(device, *args, **kw)
