@@ -3,11 +3,12 @@
 For the bench's top-p case ([1024 x 151,936] fp32, temperature 0.7, top-p 0.9) on its
 peaked logits (N(0, 4^2)) and on flat ones (N(0, s^2), s = 1, 2, 3), per variant of
 (rounds, read 2's chunk columns, register cap of read 2 and the rounds, the decide fused
-into read 1 or a launch of its own with some warps, launches through ``fast_launch`` or
-not): the GPU time from a CUDA-graph replay (no host gaps), the host time to issue one
-call, the rows per path, the rows off the torch reference and each launch's time
-(events, one call). Session 8 left rounds 2, chunks of 2,048 and no cap (255 registers on
-sm90: 2 programs per SM); flat rows took 6-24 ms.
+into read 1 or a launch of its own with some warps, the lists' draw narrow or on all
+their slots, launches through ``fast_launch`` or not): the GPU time from a CUDA-graph
+replay (no host gaps), the host time to issue one call, the rows per path, the rows off
+the torch reference and each launch's time (events, one call). Session 8 left rounds 2,
+chunks of 2,048 and no cap (255 registers on sm90: 2 programs per SM); flat rows took
+6-24 ms.
 
 Usage (GPU): python3 benchmarks/sampler_rounds.py [--json out.json]
 """
@@ -27,12 +28,10 @@ from core_runner.sample.sampler import cut_shape, gumbel_sample_ref
 
 # (session 9: chunks of 8,192 columns did not compile within 5 minutes on the H200 image; rounds 0 is 259 ms at s = 2)
 # decide: 0 fused into read 1, else a launch of its own with that many warps
-VARIANTS = [dict(rounds=2, chunk=2048, maxnreg=None, decide=0),
-            dict(rounds=2, chunk=2048, maxnreg=128, decide=0, fast=True),
-            dict(rounds=2, chunk=2048, maxnreg=128, decide=4, fast=True),
-            dict(rounds=2, chunk=2048, maxnreg=128, decide=8, fast=True),
-            dict(rounds=1, chunk=2048, maxnreg=128, decide=8, fast=True)]
-FLAT = (1, 3)  # the variants also run on flat rows
+VARIANTS = [dict(rounds=2, chunk=2048, maxnreg=128, decide=0, fast=True),  # the Sampler's (session 9)
+            dict(rounds=2, chunk=2048, maxnreg=128, decide=0, fast=True, narrow=False),
+            dict(rounds=2, chunk=2048, maxnreg=128, decide=4, fast=True)]
+FLAT = (0,)  # the variants that also run on flat rows
 
 
 def main(argv=None) -> dict:
@@ -53,7 +52,8 @@ def main(argv=None) -> dict:
         for vi, v in enumerate(VARIANTS):
             split_workspace.CHUNK_COLS = v["chunk"]
             fast_launch.ENABLED = v.get("fast", False)
-            shape = dict(cut_shape(m), rounds=v["rounds"], round_maxnreg=v["maxnreg"], decide_warps=v["decide"])
+            shape = dict(cut_shape(m), rounds=v["rounds"], round_maxnreg=v["maxnreg"], decide_warps=v["decide"],
+                         narrow_draw=v.get("narrow", True))
 
             def cut(logits=logits, shape=shape):
                 return sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,
@@ -61,7 +61,8 @@ def main(argv=None) -> dict:
 
             key = f"s{scale:g}_r{v['rounds']}_c{v['chunk']}_reg{v['maxnreg'] or 'max'}"
             key += f"_dw{v['decide']}" + ("_fast" if v.get("fast") else "")
-            if scale < 4.0 and vi not in FLAT or scale < 2.0 and v["decide"] == 0:
+            key += "" if v.get("narrow", True) else "_wide"
+            if scale < 4.0 and vi not in FLAT:
                 continue
             cut()
             off = int((out != want).sum())

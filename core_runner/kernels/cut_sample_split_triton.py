@@ -144,7 +144,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                   out_ptr, path_ptr, work_ptr, brk_ptr, ticket_ptr, vocab, part, n_parts, n_tiles,
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
                   DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ALL: tl.constexpr, FUSE: tl.constexpr,
-                  P: tl.constexpr, NPV: tl.constexpr):
+                  P: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
     ROWS 2 for the others (draw or argmax). ALL (the caller's promise that every row is
@@ -181,7 +181,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
             _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                         part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr,
                         work_ptr, brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, True,
-                        DEPTH, LIST, ALL, NPV)
+                        DEPTH, LIST, ALL, NPV, NARROW)
 
 
 @triton.jit
@@ -189,10 +189,11 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                    brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr,
                    BLOCK: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr,
-                   ALL: tl.constexpr, NPV: tl.constexpr):
+                   ALL: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr):
     _decide_row(tl.program_id(0), logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
-                brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL, NPV)
+                brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL, NPV,
+                NARROW)
 
 
 @triton.jit
@@ -200,7 +201,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                 brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
                 P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr,
-                NPV: tl.constexpr):
+                NPV: tl.constexpr, NARROW: tl.constexpr):
     """Step 2 for row i: the decide launch's program i or, with ``all_top_p`` and lists
     (FUSE of ``_read1_kernel``), the last read-1 program of the row to finish."""
     row = logits_ptr + i.to(tl.int64) * s_row
@@ -232,7 +233,8 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                     if first:  # the lane lists may hold the nucleus: no read 2
                         at = (i * n_parts).to(tl.int64)
                         tok, settled = nucleus_from_lists(lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
-                                                          lb_ptr + at, n_parts, m, z, p, k1, k2, FAST_LOG, P, LIST)
+                                                          lb_ptr + at, n_parts, m, z, p, k1, k2, FAST_LOG, P, LIST,
+                                                          NARROW)
                         if settled:
                             t = tok
                             path = 8
@@ -286,7 +288,7 @@ def sample_with_cuts_split(
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
     tile_max: bool = True, all_top_p: bool = False, rounds: int = 2, round_maxnreg: int | None = None,
-    decide_warps: int = 0,
+    decide_warps: int = 0, narrow_draw: bool = True,
 ) -> torch.Tensor:
     """The launches of the module docstring for contiguous
     [n, V] logits, n > 0, on a workspace kept between calls (``split_workspace``);
@@ -302,7 +304,9 @@ def sample_with_cuts_split(
     search); ``round_maxnreg``: a register cap for read 2 and the rounds (None: none).
     ``decide_warps``: 0 fuses the decide into read 1 where it can (``all_top_p`` with
     lists: the last program of a row decides it, with read 1's warps); > 0 always runs it
-    as a launch of its own, one program of that many warps per row.
+    as a launch of its own, one program of that many warps per row. ``narrow_draw``: the
+    decide finishes the lists' draw on ``list_slots`` lanes (``lane_lists_triton``); False:
+    on all the row's list slots (session 8's).
     ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
     launch, behind a ("start", event) pair, for a per-launch time breakdown."""
     if lists not in (0, 2, 3):
@@ -334,7 +338,7 @@ def sample_with_cuts_split(
     try:
         _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
                 search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p,
-                rounds, round_maxnreg, decide_warps)
+                rounds, round_maxnreg, decide_warps, narrow_draw)
     except BaseException:
         discard(ws)
         raise
@@ -343,7 +347,7 @@ def sample_with_cuts_split(
 
 def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
             search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds,
-            round_maxnreg, decide_warps):
+            round_maxnreg, decide_warps, narrow_draw):
     """The launches of ``sample_with_cuts_split`` on its workspace."""
     n = logits.shape[0]
     dev = logits.device
@@ -357,24 +361,25 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
     ck = (id(ws), ws.rows, logits.dtype, s_row, vocab, part, fast_log, block, cap, search_block, num_pivots,
           num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg, decide_warps,
-          chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
+          narrow_draw, chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
           *(t.data_ptr() % 16 for t in (logits, inv, sd, pos, k, p, lmp, out, paths)))
     _mark(marks, "start")
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
+    narrow = list_slots if narrow_draw else 0
     fuse = all_top_p and lists > 0 and not decide_warps  # one read-1 launch, which decides each row at its end
     for rows, name in read1:
         fast(_read1_kernel)[(n_parts, n)](
             logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, lx, li, ln, lb, row_f, row_i,
             out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
             NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
-            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, num_warps=num_warps, _key=(ck, rows),
+            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, NARROW=narrow, num_warps=num_warps, _key=(ck, rows),
             **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
         _mark(marks, name)
     if not fuse:
         fast(_decide_kernel)[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i,
                                    out, paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log,
                                    BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p,
-                                   NPV=HIST_PIVOTS, num_warps=decide_warps or row_warps, _key=ck)
+                                   NPV=HIST_PIVOTS, NARROW=narrow, num_warps=decide_warps or row_warps, _key=ck)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
     grid = (read2_grid(dev, n, n_chunks),)

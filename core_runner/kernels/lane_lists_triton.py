@@ -191,6 +191,15 @@ def nucleus_floor(x, m, target, big_t):
 
 
 @triton.jit
+def _draw_wide(x, w, ci_at, valid, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG: tl.constexpr):
+    """The rest of the bisection from [lo_k, hi_k) and the draw, on all the entries."""
+    ci = tl.load(ci_at, mask=valid, other=0)
+    lo_k, hi_k, c_lo, c_hi = _bisect(x, w, lo_k, hi_k, c_lo, c_hi, target, 0)
+    noisy = tl.where(x >= _value(lo_k), x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
+    return first_argmax(noisy, ci)
+
+
+@triton.jit
 def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_ptr, FAST_LOG: tl.constexpr,
                      NARROW: tl.constexpr):
     """argmax of x + g over {x >= v_p} among entries x (> big_t, -inf elsewhere; w their
@@ -199,12 +208,14 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
     above its lower end; those are then moved to the front of the scratch (sx_ptr, si_ptr:
     the row's own lists, whose entries are all in registers by then), and the rest of the
     bisection and the noise, the costly part, run on NARROW lanes instead of all of them
-    (the decide's work per row was ~20% of read 1's, session 9). More than NARROW left:
-    everything on all the entries."""
+    (the decide's work per row was ~20% of read 1's, session 9). More than NARROW left, or
+    NARROW 0: everything on all the entries."""
     n = tl.sum(valid.to(tl.int32), axis=0)
     lo_k, hi_k, c_lo, c_hi = _bisect(x, w, _key(big_t), _key(m) + 1, n, tl.zeros([], tl.int32), target, NARROW)
     tok = tl.zeros([], tl.int32)
-    if c_lo <= NARROW:
+    if NARROW == 0:
+        tok = _draw_wide(x, w, ci_at, valid, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
+    elif c_lo <= NARROW:
         sel = x >= _value(lo_k)
         ci = tl.load(ci_at, mask=sel, other=0)
         at = tl.cumsum(sel.to(tl.int32), axis=0) - 1
@@ -218,23 +229,20 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
         cn = tl.load(si_ptr + offs, mask=held, other=0, cache_modifier=".cg")
         wn = tl.where(held, tl.exp(xn - m), 0.0)
         lo_k, hi_k, c_lo, c_hi = _bisect(xn, wn, lo_k, hi_k, c_lo, c_hi, target, 0)
-        # (names of another shape than the else branch's: triton merges the names both branches set)
-        noisy_n = tl.where(xn >= _value(lo_k), xn + gumbel_noise(col_hash(cn), k1, k2, FAST_LOG), -float("inf"))
-        tok = first_argmax(noisy_n, cn)
+        noisy = tl.where(xn >= _value(lo_k), xn + gumbel_noise(col_hash(cn), k1, k2, FAST_LOG), -float("inf"))
+        tok = first_argmax(noisy, cn)
     else:
-        ci = tl.load(ci_at, mask=valid, other=0)
-        lo_k, hi_k, c_lo, c_hi = _bisect(x, w, lo_k, hi_k, c_lo, c_hi, target, 0)
-        noisy = tl.where(x >= _value(lo_k), x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
-        tok = first_argmax(noisy, ci)
+        tok = _draw_wide(x, w, ci_at, valid, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
     return tok.to(tl.int64)
 
 
 @triton.jit
 def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2, FAST_LOG: tl.constexpr,
-                       P: tl.constexpr, LIST: tl.constexpr):
+                       P: tl.constexpr, LIST: tl.constexpr, NARROW: tl.constexpr):
     """(token, ok) of a top-p-alone row from its parts' lists (pointers at the row's first
     part): ok false when the lists do not hold the nucleus (module docstring). When ok,
-    the row's lists are scratch for the draw (``_draw_in_nucleus``) and are left changed."""
+    the row's lists are scratch for the draw (``_draw_in_nucleus``, NARROW lanes; 0: all
+    the slots) and are left changed."""
     r = tl.arange(0, P * LIST)
     part = r // LIST
     has_part = part < n_parts
@@ -249,5 +257,5 @@ def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2,
     ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(w, axis=0) >= target)
     tok = tl.zeros([], tl.int64)
     if ok:
-        tok = _draw_in_nucleus(x, w, li_ptr + r, valid, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG, LIST)
+        tok = _draw_in_nucleus(x, w, li_ptr + r, valid, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG, NARROW)
     return tok, ok

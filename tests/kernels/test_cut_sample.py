@@ -437,7 +437,8 @@ def test_lane_lists_options_are_checked():
 
 def test_all_top_p_leaves_out_the_other_rows_draw(device):
     """``all_top_p`` (every row promised top-p alone): one read-1 launch, the reference's
-    tokens (and the same with the decide in a launch of its own, ``decide_warps``); a row
+    tokens (the same with the decide in a launch of its own, ``decide_warps``, and with the
+    lists' draw on all their slots, ``narrow_draw``); a row
     that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9 and the others
     keep their tokens."""
     args = list(_long_top_p_rows(8))
@@ -446,6 +447,8 @@ def test_all_top_p_leaves_out_the_other_rows_draw(device):
     assert torch.equal(got, _reference(*args)) and set(paths.tolist()) <= {3, 4, 7, 8}, paths
     got2, paths2 = _run(device, *args, **kw, decide_warps=4)  # the decide in a launch of its own
     assert torch.equal(got2, got) and torch.equal(paths2, paths)
+    got3, paths3 = _run(device, *args, **kw, narrow_draw=False)  # the lists' draw on all their slots
+    assert torch.equal(got3, got) and torch.equal(paths3, paths)
     with pytest.raises(ValueError, match="decide_warps=3: 0 .fused into read 1. or a power of 2 up to 16"):
         _run(device, *args, **kw, decide_warps=3)
     logits, inv, k, p, lmp, seeds, pos = (t.clone() for t in args)

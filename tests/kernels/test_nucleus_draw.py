@@ -1,8 +1,8 @@
 """The lane lists' draw among the nucleus (``lane_lists_triton._draw_in_nucleus``): the
 bisection for v_p on all entries until at most NARROW are left at or above it, then on
 those alone, moved to the front of the lists (which the entries were read from). Every
-NARROW gives the token of a plain torch reference (sort, cumulative mass, argmax of
-x + g over the nucleus), on both sides of the switch."""
+NARROW (0: never narrow) gives the token of a plain torch reference (sort, cumulative
+mass, argmax of x + g over the nucleus), on both sides of the switch."""
 from __future__ import annotations
 
 import pytest
@@ -56,12 +56,12 @@ def test_draw_in_nucleus_matches_the_reference_for_every_narrow_width(device, p)
     seeds = torch.tensor([seed], device=device)
     positions = torch.tensor([pos], device=device)
     moved = {}
-    for narrow in (4, 16, 64, n):
+    for narrow in (0, 4, 16, 64, n):
         xd, cd = x.to(device).clone(), cols.to(device).clone()  # fresh copies: the draw overwrites them
         out = torch.empty(1, dtype=torch.int64, device=device)
         _draw_kernel[(1,)](xd, cd, seeds, positions, out, m, target, big_t, N=n, NARROW=narrow)
         assert int(out) == want, (p, narrow)
         moved[narrow] = not torch.equal(xd.cpu(), x)  # the narrow path moved the entries to the front
-    assert moved[n]  # all entries fit: narrow from the start
+    assert moved[n] and not moved[0]  # all entries fit: narrow from the start; 0: never narrow
     if p >= 0.9:
         assert not moved[4]  # the nucleus alone is wider than 4: all entries to the end
