@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from core_runner.bench.sampler_bench import _time, bench_meta, graph_ms
+from core_runner.bench.sampler_bench import _time, bench_logits, bench_meta, graph_ms
 from core_runner.kernels import fast_launch
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.sample.sampler import Sampler, cut_shape
@@ -58,7 +58,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     n, vocab = 1024, 151936
-    logits = torch.randn(n, vocab, device=dev) * 4.0
+    logits = bench_logits(n, vocab, dev)
     m = bench_meta(n, dev, 0.7, 0.9)
     sampler = Sampler(use_triton=True)
     shape = cut_shape(m)

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from core_runner.bench.sampler_bench import bench_meta, graph_ms
+from core_runner.bench.sampler_bench import bench_logits, bench_meta, graph_ms
 from core_runner.kernels import fast_launch, split_workspace
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
@@ -40,7 +40,7 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     n, vocab = 1024, 151936
-    base = torch.randn(n, vocab, generator=torch.Generator(device=dev).manual_seed(0), device=dev)  # the bench's
+    base = bench_logits(n, vocab, dev, scale=1.0)  # the bench's, before its scale
     m = bench_meta(n, dev, 0.7, 0.9)
     out = torch.empty(n, dtype=torch.int64, device=dev)
     paths = torch.empty(n, dtype=torch.int32, device=dev)

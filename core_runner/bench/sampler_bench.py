@@ -107,6 +107,12 @@ def _peak_extra_bytes(fn: Callable[[], object], device: torch.device) -> int | N
     return torch.cuda.max_memory_allocated(device) - base
 
 
+def bench_logits(batch: int, vocab: int, dev: torch.device, seed: int = 0, scale: float = 4.0) -> torch.Tensor:
+    """The bench's logits: [batch, vocab] float32 N(0, scale^2), from a generator seeded with seed."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return torch.randn(batch, vocab, generator=g, device=dev) * scale
+
+
 def bench_meta(batch: int, dev: torch.device, temperature: float = 0.7, p: float = 1.0, k: int = -1,
                min_p: float = 0.0) -> SamplingMetadata:
     """The bench's sampling metadata: every row sampled at one temperature (seed = row,
@@ -131,8 +137,7 @@ def run_sampler_bench(
     scales: tuple[float, ...] = (),
 ) -> dict:
     dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(seed)
-    logits = torch.randn(batch, vocab, generator=g, device=dev) * 4.0
+    logits = bench_logits(batch, vocab, dev, seed)
     sampler = Sampler(use_triton=dev.type == "cuda")
 
     def meta(p: float, k: int = -1, min_p: float = 0.0) -> SamplingMetadata:
