@@ -191,9 +191,9 @@ def nucleus_floor(x, m, target, big_t):
 
 
 @triton.jit
-def _draw_wide(x, w, ci_at, valid, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG: tl.constexpr):
-    """The rest of the bisection from [lo_k, hi_k) and the draw, on all the entries."""
-    ci = tl.load(ci_at, mask=valid, other=0)
+def _bisect_draw(x, w, ci, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG: tl.constexpr):
+    """The rest of the bisection from [lo_k, hi_k) and the draw among the entries x
+    (columns ci): argmax of x + g over x >= v_p."""
     lo_k, hi_k, c_lo, c_hi = _bisect(x, w, lo_k, hi_k, c_lo, c_hi, target, 0)
     noisy = tl.where(x >= _value(lo_k), x + gumbel_noise(col_hash(ci), k1, k2, FAST_LOG), -float("inf"))
     return first_argmax(noisy, ci)
@@ -214,7 +214,7 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
     lo_k, hi_k, c_lo, c_hi = _bisect(x, w, _key(big_t), _key(m) + 1, n, tl.zeros([], tl.int32), target, NARROW)
     tok = tl.zeros([], tl.int32)
     if NARROW == 0:
-        tok = _draw_wide(x, w, ci_at, valid, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
+        tok = _bisect_draw(x, w, tl.load(ci_at, mask=valid, other=0), lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
     elif c_lo <= NARROW:
         sel = x >= _value(lo_k)
         ci = tl.load(ci_at, mask=sel, other=0)
@@ -228,11 +228,9 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
         xn = tl.load(sx_ptr + offs, mask=held, other=-float("inf"), cache_modifier=".cg")
         cn = tl.load(si_ptr + offs, mask=held, other=0, cache_modifier=".cg")
         wn = tl.where(held, tl.exp(xn - m), 0.0)
-        lo_k, hi_k, c_lo, c_hi = _bisect(xn, wn, lo_k, hi_k, c_lo, c_hi, target, 0)
-        noisy = tl.where(xn >= _value(lo_k), xn + gumbel_noise(col_hash(cn), k1, k2, FAST_LOG), -float("inf"))
-        tok = first_argmax(noisy, cn)
+        tok = _bisect_draw(xn, wn, cn, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
     else:
-        tok = _draw_wide(x, w, ci_at, valid, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
+        tok = _bisect_draw(x, w, tl.load(ci_at, mask=valid, other=0), lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
     return tok.to(tl.int64)
 
 
