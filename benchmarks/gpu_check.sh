@@ -7,6 +7,7 @@
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
+#   sampler-read1  read 1's parts (lists pass, fused decide, decide launch) and other launch shapes -> sampler_read1.json
 #   sampler-probe  where the sampler's first read spends its time (variants) -> sampler_probe.json
 #   sampler-host   the sampler's host time per call and its GPU time from a CUDA graph -> sampler_host.json
 #   sampler-rounds read 2 and the histogram rounds at other settings, flat and peaked rows -> sampler_rounds.json
@@ -80,6 +81,9 @@ for s in "${STAGES[@]}"; do
     sampler-rounds)
       say sampler rounds
       timeout 400 python3 benchmarks/sampler_rounds.py --json "$LOG/sampler_rounds.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
+    sampler-read1)
+      say sampler read 1
+      timeout 420 python3 benchmarks/sampler_read1.py --json "$LOG/sampler_read1.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
     sampler-host)
       say sampler host time
       timeout 300 python3 benchmarks/sampler_host.py --json "$LOG/sampler_host.json" 2>&1 | tee -a "$LOG/bench.log" | tail -60;;

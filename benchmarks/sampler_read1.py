@@ -1,0 +1,114 @@
+"""Where read 1 of the split sampler spends its time, and other launch shapes (session 10).
+
+For the bench's top-p case ([1024 x 151,936] fp32, N(0, 4^2) logits, temperature 0.7,
+top-p 0.9), GPU times from CUDA-graph replays of:
+
+  full       the whole cut call (read 1 with the fused decide, read 2, two rounds)
+  read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
+  fused      read 1 alone with the fused decide (the rows it sends on are dropped)
+  decideN    the decide as a launch of its own with N warps, after an unfused read 1
+             (its time is the pair's minus read1's)
+
+(the launches left out are skipped by wrapping ``fast``; the work list counters they
+would put back are zeroed by a torch op in the graph, timed alone as ``reset``), then
+the full call at other launch shapes (split, warps, list slots, tile width), with rows
+per path and rows off the torch reference.
+
+Usage (GPU): python3 benchmarks/sampler_read1.py [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+import core_runner.kernels.cut_sample_split_triton as cs
+from core_runner.bench.sampler_bench import bench_logits, bench_meta, graph_ms
+from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
+from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
+from core_runner.sample.sampler import cut_shape, gumbel_sample_ref
+
+SHAPES = [dict(split=8, num_warps=2, list_slots=256, block=512),  # the Sampler's
+          dict(split=4, num_warps=2, list_slots=512, block=512),
+          dict(split=4, num_warps=4, list_slots=512, block=512),
+          dict(split=8, num_warps=4, list_slots=256, block=512),
+          dict(split=16, num_warps=2, list_slots=128, block=512),
+          dict(split=8, num_warps=4, list_slots=256, block=1024)]
+
+
+class _Skip:
+    def __getitem__(self, grid):
+        return lambda *a, **k: None
+
+
+def _only(names: set):
+    real = cs.fast
+    return lambda fn: real(fn) if fn.__name__ in names else _Skip()
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    n, vocab = 1024, 151936
+    logits = bench_logits(n, vocab, dev)
+    m = bench_meta(n, dev, 0.7, 0.9)
+    out = torch.empty(n, dtype=torch.int64, device=dev)
+    paths = torch.empty(n, dtype=torch.int32, device=dev)
+    want = gumbel_sample_ref(logits, m.inv_temp, m.seeds, m.positions,
+                             top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p))
+    res: dict = {}
+    held: list = []
+    real_ws = cs.split_workspace
+
+    def keep_ws(*a, **k):
+        ws = real_ws(*a, **k)
+        held[:] = [ws]
+        return ws
+
+    cs.split_workspace = keep_ws
+    base = dict(cut_shape(m), narrow_draw=False)
+
+    def call(shape, reset=False):
+        def f():
+            sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p, m.log_min_p,
+                                    out=out, paths=paths, **shape)
+            if reset:
+                held[0].work.zero_()
+        return f
+
+    real_fast = cs.fast
+    try:
+        for name, kernels, extra in [("read1", {"_read1_kernel"}, dict(decide_warps=4)),
+                                     ("fused", {"_read1_kernel"}, {}),
+                                     ("decide2", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=2)),
+                                     ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4)),
+                                     ("decide8", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=8))]:
+            cs.fast = _only(kernels)
+            res[name] = graph_ms(call(dict(base, **extra), reset=True), dev, 10, 2)
+            print(f"  {name}: {res[name]:.4f} ms", flush=True)
+        cs.fast = real_fast
+        call(base)()
+        res["reset"] = graph_ms(lambda: held[0].work.zero_(), dev, 10, 2)
+        print(f"  reset: {res['reset']:.4f} ms", flush=True)
+        for shape in SHAPES:
+            sh = dict(base, **shape)
+            key = "s{split}_w{num_warps}_l{list_slots}_b{block}".format(**shape)
+            call(sh)()
+            off = int((out != want).sum())
+            kinds = {int(k): int(c) for k, c in zip(*torch.unique(paths, return_counts=True))}
+            res[key] = dict(gpu_ms_graph=graph_ms(call(sh), dev, 10, 2), paths=kinds, rows_off=off)
+            print(f"  {key}: graph {res[key]['gpu_ms_graph']:.4f} ms, paths {kinds}, rows off {off}", flush=True)
+    finally:
+        cs.fast = real_fast
+        cs.split_workspace = real_ws
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"sampler_read1": res}, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()
