@@ -8,6 +8,7 @@
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
 #   sampler-read1  read 1's parts (lists pass, fused decide, decide launch) and other launch shapes -> sampler_read1.json
+#   sampler-ncu    Nsight Compute sections of one cut call (fused / separate decide) and the lists pass -> sampler_ncu.log
 #   sampler-probe  where the sampler's first read spends its time (variants) -> sampler_probe.json
 #   sampler-host   the sampler's host time per call and its GPU time from a CUDA graph -> sampler_host.json
 #   sampler-rounds read 2 and the histogram rounds at other settings, flat and peaked rows -> sampler_rounds.json
@@ -84,6 +85,14 @@ for s in "${STAGES[@]}"; do
     sampler-read1)
       say sampler read 1
       timeout 420 python3 benchmarks/sampler_read1.py --json "$LOG/sampler_read1.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
+    sampler-ncu)
+      say sampler ncu
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      timeout 400 $NCU --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+        python3 benchmarks/sampler_ncu.py > "$LOG/sampler_ncu.log" 2>&1; echo "ncu rc=$?"
+      grep -E "^  [_a-zA-Z]|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|Block Limit" \
+        "$LOG/sampler_ncu.log" | head -150 | tee -a "$LOG/bench.log";;
     sampler-host)
       say sampler host time
       timeout 300 python3 benchmarks/sampler_host.py --json "$LOG/sampler_host.json" 2>&1 | tee -a "$LOG/bench.log" | tail -60;;

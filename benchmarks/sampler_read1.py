@@ -1,18 +1,23 @@
 """Where read 1 of the split sampler spends its time, and other launch shapes (session 10).
 
 For the bench's top-p case ([1024 x 151,936] fp32, N(0, 4^2) logits, temperature 0.7,
-top-p 0.9), GPU times from CUDA-graph replays of:
+top-p 0.9), GPU times from CUDA-graph replays (each variant ``--reps`` times, interleaved; min and
+median) of:
 
-  full       the whole cut call (read 1 with the fused decide, read 2, two rounds)
+  full       the whole cut call (read 1 with the fused decide, read 2, two rounds; the
+             lists' draw on all slots); full_narrow: the narrow draw; full_dw4: the decide
+             as a launch of its own (4 warps)
   read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
   fused      read 1 alone with the fused decide (the rows it sends on are dropped)
-  decideN    the decide as a launch of its own with N warps, after an unfused read 1
-             (its time is the pair's minus read1's)
+  decide4    the decide as a launch of its own (4 warps) after an unfused read 1 (its
+             time is the pair's minus read1's)
 
 (the launches left out are skipped by wrapping ``fast``; the work list counters they
-would put back are zeroed by a torch op in the graph, timed alone as ``reset``), then
-the full call at other launch shapes (split, warps, list slots, tile width), with rows
-per path and rows off the torch reference.
+would put back are zeroed by a torch op in the graph, timed alone as ``reset``); with
+``--shapes`` the full call at other launch shapes (split, warps, list slots, tile
+width), with rows per path and rows off the torch reference (session 10, call 3: the
+Sampler's s8 w2 l256 b512 0.255 ms; s4 w2 l512 0.272, s4 w4 0.315, s8 w4 0.306, s16 w2
+l128 2.06, s8 w4 b1024 1.52).
 
 Usage (GPU): python3 benchmarks/sampler_read1.py [--json out.json]
 """
@@ -50,6 +55,8 @@ def _only(names: set):
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--shapes", action="store_true", help="also the full call at the other launch shapes")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     n, vocab = 1024, 151936
@@ -60,6 +67,7 @@ def main(argv=None) -> dict:
     want = gumbel_sample_ref(logits, m.inv_temp, m.seeds, m.positions,
                              top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p))
     res: dict = {}
+    reps = args.reps
     held: list = []
     real_ws = cs.split_workspace
 
@@ -80,20 +88,25 @@ def main(argv=None) -> dict:
         return f
 
     real_fast = cs.fast
+    parts = [("full", None, {}), ("full_narrow", None, {"narrow_draw": True}),
+             ("full_dw4", None, dict(decide_warps=4)),
+             ("read1", {"_read1_kernel"}, dict(decide_warps=4)),
+             ("fused", {"_read1_kernel"}, {}),
+             ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4))]
     try:
-        for name, kernels, extra in [("read1", {"_read1_kernel"}, dict(decide_warps=4)),
-                                     ("fused", {"_read1_kernel"}, {}),
-                                     ("decide2", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=2)),
-                                     ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4)),
-                                     ("decide8", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=8))]:
-            cs.fast = _only(kernels)
-            res[name] = graph_ms(call(dict(base, **extra), reset=True), dev, 10, 2)
-            print(f"  {name}: {res[name]:.4f} ms", flush=True)
-        cs.fast = real_fast
+        times: dict = {name: [] for name, _, _ in parts}
+        for _rep in range(reps):  # interleaved, so that a drift of the clocks hits every variant alike
+            for name, kernels, extra in parts:
+                cs.fast = _only(kernels) if kernels else real_fast
+                times[name].append(graph_ms(call(dict(base, **extra), reset=kernels is not None), dev, 10, 2))
+                cs.fast = real_fast
+        for name, ts in times.items():
+            res[name] = dict(min=min(ts), median=sorted(ts)[len(ts) // 2], all=ts)
+            print(f"  {name}: min {min(ts):.4f} ms, median {res[name]['median']:.4f} ms", flush=True)
         call(base)()
         res["reset"] = graph_ms(lambda: held[0].work.zero_(), dev, 10, 2)
         print(f"  reset: {res['reset']:.4f} ms", flush=True)
-        for shape in SHAPES:
+        for shape in SHAPES if args.shapes else []:
             sh = dict(base, **shape)
             key = "s{split}_w{num_warps}_l{list_slots}_b{block}".format(**shape)
             call(sh)()
