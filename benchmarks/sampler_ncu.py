@@ -28,8 +28,9 @@ def main() -> None:
     m = bench_meta(n, dev, 0.7, 0.9)
     out = torch.empty(n, dtype=torch.int64, device=dev)
     paths = torch.empty(n, dtype=torch.int32, device=dev)
-    calls = [lambda: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,
-                                             m.log_min_p, out=out, paths=paths, **dict(cut_shape(m), **extra))
+    calls = [lambda extra=extra: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,
+                                                         m.log_min_p, out=out, paths=paths,
+                                                         **dict(cut_shape(m), **extra))
              for extra in ({"narrow_draw": False}, {"narrow_draw": False, "decide_warps": 4})]
     calls.append(lambda: probe(logits, "lists3nt", 8, 512, 2))
     for c in calls:
