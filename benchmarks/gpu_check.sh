@@ -9,7 +9,7 @@
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
 #   sampler-read1  read 1's parts (lists pass, fused decide, decide launch) and other launch shapes -> sampler_read1.json
 #   sampler-ncu    Nsight Compute sections of one cut call (fused / separate decide) and the lists pass -> sampler_ncu.log
-#   sampler-ncu-source  ncu source counters (stall samples per SASS line) of read 1, the decide and read 2 -> sampler_src*
+#   sampler-ncu-source  ncu source counters (stall samples per SASS line) of read 1 (fused decide) and read 2 -> sampler_src*
 #   sampler-probe  where the sampler's first read spends its time (variants) -> sampler_probe.json
 #   sampler-host   the sampler's host time per call and its GPU time from a CUDA graph -> sampler_host.json
 #   sampler-rounds read 2 and the histogram rounds at other settings, flat and peaked rows -> sampler_rounds.json
@@ -97,11 +97,12 @@ for s in "${STAGES[@]}"; do
     sampler-ncu-source)
       say sampler ncu source counters
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout 400 $NCU --clock-control none --profile-from-start off -k regex:"_read1|_decide|_round" --launch-count 6 \
+      timeout 400 $NCU --clock-control none --profile-from-start off -k regex:"_read1|_decide|_round" --launch-count 2 \
         --section SourceCounters --section WarpStateStats --section SpeedOfLight -o "$LOG/sampler_src" -f \
-        python3 benchmarks/sampler_ncu.py > "$LOG/sampler_ncu_src.log" 2>&1; echo "ncu rc=$?"
+        python3 benchmarks/sampler_ncu.py --fused-only > "$LOG/sampler_ncu_src.log" 2>&1; echo "ncu rc=$?"
       timeout 120 $NCU --import "$LOG/sampler_src.ncu-rep" --page source --csv --print-source sass \
         > "$LOG/sampler_src_sass.csv" 2>&1; echo "source page rc=$? $(wc -c < "$LOG/sampler_src_sass.csv") bytes"
+      gzip -f "$LOG/sampler_src_sass.csv"; rm -f "$LOG/sampler_src.ncu-rep"
       timeout 60 $NCU --import "$LOG/sampler_src.ncu-rep" --page details > "$LOG/sampler_src_details.log" 2>&1
       grep -E "^  [_a-zA-Z]|Duration" "$LOG/sampler_src_details.log" | head -30;;
     sampler-host)

@@ -6,6 +6,7 @@ rounds), one with the decide as a launch of its own (4 warps), and the probe's l
 pass alone (``sampler_probe.py`` lists3nt, s8 b512 w2), each compiled and run once before.
 
 Usage (GPU): ncu --clock-control none --profile-from-start off [sections] python3 benchmarks/sampler_ncu.py
+[--fused-only]
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from core_runner.sample.sampler import cut_shape  # noqa: E402
 
 
 def main() -> None:
+    fused_only = "--fused-only" in sys.argv[1:]  # the cut call with the fused decide alone (no compile of the others)
     dev = torch.device("cuda")
     n, vocab = 1024, 151936
     logits = bench_logits(n, vocab, dev)
@@ -32,7 +34,10 @@ def main() -> None:
                                                          m.log_min_p, out=out, paths=paths,
                                                          **dict(cut_shape(m), **extra))
              for extra in ({"narrow_draw": False}, {"narrow_draw": False, "decide_warps": 4})]
-    calls.append(lambda: probe(logits, "lists3nt", 8, 512, 2))
+    if fused_only:
+        calls = calls[:1]
+    else:
+        calls.append(lambda: probe(logits, "lists3nt", 8, 512, 2))
     for c in calls:
         c()
     torch.cuda.synchronize()
