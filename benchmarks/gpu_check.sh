@@ -102,8 +102,9 @@ for s in "${STAGES[@]}"; do
         python3 benchmarks/sampler_ncu.py --fused-only > "$LOG/sampler_ncu_src.log" 2>&1; echo "ncu rc=$?"
       timeout 120 $NCU --import "$LOG/sampler_src.ncu-rep" --page source --csv --print-source sass \
         > "$LOG/sampler_src_sass.csv" 2>&1; echo "source page rc=$? $(wc -c < "$LOG/sampler_src_sass.csv") bytes"
-      gzip -f "$LOG/sampler_src_sass.csv"; rm -f "$LOG/sampler_src.ncu-rep"
+      gzip -f "$LOG/sampler_src_sass.csv"
       timeout 60 $NCU --import "$LOG/sampler_src.ncu-rep" --page details > "$LOG/sampler_src_details.log" 2>&1
+      rm -f "$LOG/sampler_src.ncu-rep"
       grep -E "^  [_a-zA-Z]|Duration" "$LOG/sampler_src_details.log" | head -30;;
     sampler-host)
       say sampler host time
