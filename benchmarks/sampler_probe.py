@@ -57,11 +57,11 @@ def _probe_kernel(logits_ptr, s_row, seed_ptr, pos_ptr, out_ptr, vocab, part, in
                                               FAST_LOG, BLOCK, NT, 1, lo, DRAW=MODE != 7)
         res = tok.to(tl.float32) + z + nf.to(tl.float32) + tl.max(a1, axis=0) + tl.max(tm, axis=0)
     elif MODE >= 8:
-        a1, i1, a2, i2, bound, nf, m, z, tm = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NT, 3 if MODE < 10 else 2,
-                                                              MODE != 9)
+        a1, i1, a2, i2, bound, b, nf, m, zl, tm = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NT,
+                                                                  3 if MODE < 10 else 2, MODE != 9)
         res = (tl.max(a1, axis=0) + tl.max(tl.where(bound > -float("inf"), bound + a2, 0.0), axis=0)
-               + (tl.max(i1 + i2, axis=0) & 1)
-               + nf + m + z + tl.max(tl.where(tm < float("inf"), tm, 0.0), axis=0))
+               + (tl.max(i1 + i2, axis=0) & 1) + tl.where(b > -float("inf"), b, 0.0)
+               + nf + m + tl.sum(zl, axis=0) + tl.max(tl.where(tm < float("inf"), tm, 0.0), axis=0))
     else:
         lanes = tl.arange(0, BLOCK)
         best = tl.full([BLOCK], -float("inf"), tl.float32)

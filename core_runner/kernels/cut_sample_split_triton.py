@@ -102,13 +102,15 @@ def _store_part_stats(a1, tmax, m, z, nf, tok, i, s, lo, hi, part_tok_ptr, part_
     """What every read-1 program leaves for the later launches: its lanes' maxima (the
     readers merge the parts', ``_lane_maxima``: plain stores, where an atomic max per lane
     into one row would cost 4M atomics a call at [1024 x 151,936]), tile maxima, max,
-    mass, finite count and token."""
-    tl.store(a1_ptr + (i * n_parts + s).to(tl.int64) * BLOCK + tl.arange(0, BLOCK), a1)
+    mass (z: [BLOCK], the last lane's is stored: ``store_lane_list``'s running sum),
+    finite count and token."""
+    lanes = tl.arange(0, BLOCK)
+    tl.store(a1_ptr + (i * n_parts + s).to(tl.int64) * BLOCK + lanes, a1)
     tiles = lo // BLOCK + tl.arange(0, NTP)
     tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
     at = (i * n_parts + s).to(tl.int64)
     tl.store(part_f_ptr + at * 2, m)
-    tl.store(part_f_ptr + at * 2 + 1, z)
+    tl.store(part_f_ptr + at * 2 + 1 + lanes * 0, z, mask=lanes == BLOCK - 1)
     tl.store(part_nf_ptr + at, nf)
     tl.store(part_tok_ptr + at, tok.to(tl.int64))
 
@@ -119,8 +121,8 @@ def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part
     """Read 1 of program (i, s) on a sampled row: the part's token (DRAW) and statistics."""
     t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
                                           BLOCK, NTP, 1, lo, DRAW)
-    _store_part_stats(a1, tmax, tl.max(a1, axis=0), z, nf, t, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr,
-                      a1_ptr, tmax_ptr, n_parts, n_tiles, BLOCK, NTP)
+    _store_part_stats(a1, tmax, tl.max(a1, axis=0), z + tl.zeros([BLOCK], tl.float32), nf, t, i, s, lo, hi,
+                      part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, n_parts, n_tiles, BLOCK, NTP)
 
 
 @triton.jit
@@ -130,11 +132,11 @@ def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_n
     """Read 1 of program (i, s) on a nucleus-first row with lane lists: the statistics of
     ``_read1_part`` (no draw: the part token is lo, a valid column for the decide's
     combine) and the part's list (``lane_lists_triton``)."""
-    a1, i1, a2, i2, bound, nf, zm, z, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX)
+    a1, i1, a2, i2, _bound, b, nf, m, zl, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX)
     at = (i * n_parts + s).to(tl.int64)
-    store_lane_list(a1, i1, a2, i2, bound, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at, lb_ptr + at,
-                    DEPTH, LIST)
-    _store_part_stats(a1, tmax, zm, z, nf, lo, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr,
+    zs = store_lane_list(a1, i1, a2, i2, b, zl, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
+                         lb_ptr + at, DEPTH, LIST)
+    _store_part_stats(a1, tmax, m, zs, nf, lo, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr,
                       tmax_ptr, n_parts, n_tiles, BLOCK, NTP)
 
 
@@ -207,7 +209,15 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-    t = combine_part_tokens(row, part_tok_ptr + i * n_parts, n_parts, inv_t, 0.0, k1, k2, False, FAST_LOG, P)
+    first = tl.zeros([], tl.int1)
+    if NF:  # read 1 did not draw (the same test as its own)
+        first = (inv_t > 0) & _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
+    # a nucleus-first row has no draw to combine (its part tokens are placeholders): column 0 stands in (what
+    # the combine gives a row of -inf) until the lists, read 2 or the rounds store its token; leaving the
+    # combine out spares the decide a dependent load of the row and the noise of its part tokens
+    t = tl.zeros([], tl.int64)
+    if not first:
+        t = combine_part_tokens(row, part_tok_ptr + i * n_parts, n_parts, inv_t, 0.0, k1, k2, False, FAST_LOG, P)
     state = _DONE
     path = 0
     if inv_t > 0:
@@ -225,9 +235,6 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
         if (n_fin > 0) & (topk_on | (p < 1.0) | (lmp > -float("inf"))):
             if (not topk_on) & (lmp == -float("inf")):  # top-p alone
                 path = 1
-                first = tl.zeros([], tl.int1)
-                if NF:  # read 1 did not draw: the same test as its own
-                    first = _nucleus_first_row(top_k_ptr, top_p_ptr, lmp_ptr, i)
                 settled = tl.zeros([], tl.int1)
                 if DEPTH > 0:
                     if first:  # the lane lists may hold the nucleus: no read 2

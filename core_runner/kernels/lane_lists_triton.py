@@ -101,18 +101,27 @@ def _lane_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.
 
 
 @triton.jit
+def _max_max_add(a, b, c, d, e, f):
+    return tl.maximum(a, d), tl.maximum(b, e), c + f
+
+
+@triton.jit
 def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr,
                     TMAX: tl.constexpr):
     """One read of the columns [lo, hi) (lo a multiple of BLOCK) of x = logit * inv_t:
-    (a1, i1, a2, i2, bound per lane, lanes holding a finite x, max, Z = sum exp(x - max),
-    tile maxima [NT]). a2 and i2 are the second entry (i2 meaningless with DEPTH 2); the
-    per-lane bound is a2 (DEPTH 2) or a3 (DEPTH 3). TMAX false: no per-tile reduction,
-    the tile maxima are +inf (a later read of the row then visits every tile). Two tiles
-    are in flight ahead of the one being processed. The loop compares raw logits and keeps
-    tile numbers (``_lane_update``); they are scaled and turned into columns after it: the
-    same values (one multiply each, as the reference's) and the same entries, since x > y
-    implies x * inv_t >= y * inv_t (the lists keep entries above the bound in the scaled
-    order, where the claim of the module docstring holds as well)."""
+    (a1, i1, a2, i2, bound per lane, the part's bound b (the largest), lanes holding a
+    finite x, max m, each lane's mass relative to m (Z = their sum), tile maxima [NT]).
+    a2 and i2 are the second entry (i2 meaningless with DEPTH 2); the per-lane bound is a2
+    (DEPTH 2) or a3 (DEPTH 3). TMAX false: no per-tile reduction, the tile maxima are +inf
+    (a later read of the row then visits every tile). Two tiles are in flight ahead of the
+    one being processed. The loop compares raw logits and keeps tile numbers
+    (``_lane_update``); they are scaled and turned into columns after it: the same values
+    (one multiply each, as the reference's) and the same entries, since x > y implies
+    x * inv_t >= y * inv_t (the lists keep entries above the bound in the scaled order,
+    where the claim of the module docstring holds as well). m, b and the finite count
+    come out of one reduction: each reduction across the program's warps is a round
+    through shared memory with barriers, and the epilogue's eight (with the lists' store)
+    held ~19% of read 1's warp time (H200, session 10, Nsight Compute's stall samples)."""
     a1, i1, a2, i2, a3, zl, tmax = _lane_loop(row, lo, hi, inv_t * 1.4426950408889634, BLOCK, NT, DEPTH, TMAX)
     a1 = a1 * inv_t  # (-inf stays)
     a2 = a2 * inv_t
@@ -121,33 +130,40 @@ def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, D
     i2 = lo + i2 * BLOCK + tl.arange(0, BLOCK)
     if TMAX:
         tmax = tmax * inv_t
-    m = tl.max(a1, axis=0)
-    z = tl.sum(tl.where(a1 > -float("inf"), zl * tl.exp(a1 - m), 0.0), axis=0)
     bound = a2
     if DEPTH == 3:
         bound = a3
-    return a1, i1, a2, i2, bound, tl.sum((a1 > -float("inf")).to(tl.int32), axis=0), m, z, tmax
+    finite = a1 > -float("inf")
+    m, b, nf = tl.reduce((a1, bound, finite.to(tl.int32)), 0, _max_max_add)
+    zl = tl.where(finite, zl * tl.exp(a1 - m), 0.0)
+    return a1, i1, a2, i2, bound, b, nf, m, zl, tmax
 
 
 @triton.jit
-def store_lane_list(a1, i1, a2, i2, bound, lx_ptr, li_ptr, ln_ptr, lb_ptr, DEPTH: tl.constexpr,
+def store_lane_list(a1, i1, a2, i2, b, zl, lx_ptr, li_ptr, ln_ptr, lb_ptr, DEPTH: tl.constexpr,
                     LIST: tl.constexpr):
     """The part's entries above its bound b (all its tokens > b) into its list of LIST
-    slots (value, column), their number (> LIST: overflow) and b."""
-    b = tl.max(bound, axis=0)
+    slots (value, column), their number (> LIST: overflow) and b. One scan places every
+    lane's entries (a lane's are adjacent) and also sums the lanes' masses zl: returns
+    that running sum, whose last lane is Z (the count is stored from the last lane too,
+    so the epilogue needs no reduction beyond ``lane_lists_pass``'s)."""
     sel1 = a1 > b
-    at1 = tl.cumsum(sel1.to(tl.int32), axis=0) - 1
+    cnt = sel1.to(tl.int32)
+    sel2 = a2 > b
+    if DEPTH == 3:
+        cnt += sel2.to(tl.int32)
+    end, zs = tl.associative_scan((cnt, zl), 0, _add_pair)
+    at1 = end - cnt
     tl.store(lx_ptr + at1, a1, mask=sel1 & (at1 < LIST))
     tl.store(li_ptr + at1, i1, mask=sel1 & (at1 < LIST))
-    n = tl.sum(sel1.to(tl.int32), axis=0)
     if DEPTH == 3:
-        sel2 = a2 > b
-        at2 = n + tl.cumsum(sel2.to(tl.int32), axis=0) - 1
+        at2 = at1 + sel1.to(tl.int32)
         tl.store(lx_ptr + at2, a2, mask=sel2 & (at2 < LIST))
         tl.store(li_ptr + at2, i2, mask=sel2 & (at2 < LIST))
-        n += tl.sum(sel2.to(tl.int32), axis=0)
-    tl.store(ln_ptr, n)
+    last = tl.arange(0, a1.shape[0]) == a1.shape[0] - 1
+    tl.store(ln_ptr + tl.zeros_like(end), end, mask=last)
     tl.store(lb_ptr, b)
+    return zs
 
 
 @triton.jit
