@@ -4,9 +4,10 @@ For the bench's top-p case ([1024 x 151,936] fp32, N(0, 4^2) logits, temperature
 top-p 0.9), GPU times from CUDA-graph replays (each variant ``--reps`` times, interleaved; min and
 median) of:
 
-  full       the whole cut call (read 1 with the fused decide, read 2, two rounds; the
-             lists' draw on all slots); full_narrow: the narrow draw; full_dw4: the decide
-             as a launch of its own (4 warps)
+  full       the whole cut call at the Sampler's shape (read 1 with the fused decide, read
+             2, two rounds); full_reg128: read 1's register cap 128 (``FUSED_MAXNREG``;
+             the default is 96 since session 10); full_dw4: the decide as a launch of its
+             own (4 warps)
   read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
   fused      read 1 alone with the fused decide (the rows it sends on are dropped)
   decide4    the decide as a launch of its own (4 warps) after an unfused read 1 (its
@@ -77,7 +78,7 @@ def main(argv=None) -> dict:
         return ws
 
     cs.split_workspace = keep_ws
-    base = dict(cut_shape(m), narrow_draw=False)
+    base = cut_shape(m)  # the Sampler's
 
     def call(shape, reset=False):
         def f():
@@ -88,21 +89,26 @@ def main(argv=None) -> dict:
         return f
 
     real_fast = cs.fast
-    parts = [("full", None, {}), ("full_narrow", None, {"narrow_draw": True}),
-             ("full_dw4", None, dict(decide_warps=4)),
-             ("read1", {"_read1_kernel"}, dict(decide_warps=4)),
-             ("fused", {"_read1_kernel"}, {}),
-             ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4))]
+    parts = [("full", None, {}, None), ("full_reg128", None, {}, 128), ("full_dw4", None, dict(decide_warps=4), None),
+             ("read1", {"_read1_kernel"}, dict(decide_warps=4), None), ("fused", {"_read1_kernel"}, {}, None),
+             ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), None)]
+    default_reg = cs.FUSED_MAXNREG
     try:
-        times: dict = {name: [] for name, _, _ in parts}
+        times: dict = {name: [] for name, _, _, _ in parts}
         for _rep in range(reps):  # interleaved, so that a drift of the clocks hits every variant alike
-            for name, kernels, extra in parts:
+            for name, kernels, extra, reg in parts:
                 cs.fast = _only(kernels) if kernels else real_fast
+                cs.FUSED_MAXNREG = reg or default_reg
                 times[name].append(graph_ms(call(dict(base, **extra), reset=kernels is not None), dev, 10, 2))
+                if kernels is None:  # a whole call: its tokens (the graph's last replay) against the reference
+                    res[f"{name}_rows_off"] = int((out != want).sum())
                 cs.fast = real_fast
+                cs.FUSED_MAXNREG = default_reg
         for name, ts in times.items():
             res[name] = dict(min=min(ts), median=sorted(ts)[len(ts) // 2], all=ts)
-            print(f"  {name}: min {min(ts):.4f} ms, median {res[name]['median']:.4f} ms", flush=True)
+            off = res.get(f"{name}_rows_off")
+            print(f"  {name}: min {min(ts):.4f} ms, median {res[name]['median']:.4f} ms"
+                  + ("" if off is None else f", rows off the reference {off}"), flush=True)
         call(base)()
         res["reset"] = graph_ms(lambda: held[0].work.zero_(), dev, 10, 2)
         print(f"  reset: {res['reset']:.4f} ms", flush=True)
@@ -116,6 +122,7 @@ def main(argv=None) -> dict:
             print(f"  {key}: graph {res[key]['gpu_ms_graph']:.4f} ms, paths {kinds}, rows off {off}", flush=True)
     finally:
         cs.fast = real_fast
+        cs.FUSED_MAXNREG = default_reg
         cs.split_workspace = real_ws
     if args.json:
         with open(args.json, "w") as f:

@@ -48,6 +48,8 @@ its host mirror).
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -55,6 +57,7 @@ import triton.language as tl
 from core_runner.kernels.cut_sample_triton import lane_floor
 from core_runner.kernels.fast_launch import fast
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
+from core_runner.kernels.scatter_store import scatter_store
 from core_runner.kernels.split_finish_triton import _DONE, _ONE_PROGRAM, _READ2, _lane_maxima
 from core_runner.kernels.split_read2_triton import _round_kernel, read2_grid
 from core_runner.kernels.split_rounds_triton import first_bracket
@@ -64,10 +67,18 @@ from core_runner.kernels.gumbel_sample import (
 )
 from core_runner.kernels.top_k_top_p_triton import _key, _value
 
+# read 1's scattered stores (its lists, a part's count and Z) by inline PTX (``scatter_store``): None, on CUDA
+# tensors (the interpreter runs no PTX); True / False: always / never (the sm90 compile check and the GPU test of
+# both forms set it)
+ASM_STORES: bool | None = None
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
 # registers of read 1 with the fused decide: the decide alone would take ~190 (sm90), which
 # would halve the read-1 programs an SM holds; capped, the decide (one program in n_parts)
-# spills a little instead
-FUSED_MAXNREG = 128
+# spills instead. 96: read 1's loop and epilogue fit in 96 without spills since session 10's
+# epilogue (one reduction, one scan, ``scatter_store``), so an SM holds 10 programs of 2
+# warps, not 8 (128); the decide then spills ~400 bytes a thread (sm90, triton 3.6)
+FUSED_MAXNREG = 96
 
 
 @triton.jit
@@ -98,7 +109,7 @@ def _send_to_read2(row_f_ptr, row_i_ptr, brk_ptr, i, mode, m, z, p, lo, x_t, a1,
 
 @triton.jit
 def _store_part_stats(a1, tmax, m, z, nf, tok, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
-                      n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr):
+                      n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr, ASM: tl.constexpr):
     """What every read-1 program leaves for the later launches: its lanes' maxima (the
     readers merge the parts', ``_lane_maxima``: plain stores, where an atomic max per lane
     into one row would cost 4M atomics a call at [1024 x 151,936]), tile maxima, max,
@@ -110,34 +121,35 @@ def _store_part_stats(a1, tmax, m, z, nf, tok, i, s, lo, hi, part_tok_ptr, part_
     tl.store(tmax_ptr + i.to(tl.int64) * n_tiles + tiles, tmax, mask=tiles * BLOCK < hi)
     at = (i * n_parts + s).to(tl.int64)
     tl.store(part_f_ptr + at * 2, m)
-    tl.store(part_f_ptr + at * 2 + 1 + lanes * 0, z, mask=lanes == BLOCK - 1)
+    scatter_store(part_f_ptr + at * 2 + 1 + lanes * 0, z, lanes == BLOCK - 1, ASM)
     tl.store(part_nf_ptr + at, nf)
     tl.store(part_tok_ptr + at, tok.to(tl.int64))
 
 
 @triton.jit
 def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, n_parts,
-                n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, DRAW: tl.constexpr):
+                n_tiles, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, DRAW: tl.constexpr,
+                ASM: tl.constexpr):
     """Read 1 of program (i, s) on a sampled row: the part's token (DRAW) and statistics."""
     t, a1, _a2, nf, z, tmax = gumbel_pass(row, hi, inv_t, 0.0, k1, k2, False, True, False, True, FAST_LOG,
                                           BLOCK, NTP, 1, lo, DRAW)
     _store_part_stats(a1, tmax, tl.max(a1, axis=0), z + tl.zeros([BLOCK], tl.float32), nf, t, i, s, lo, hi,
-                      part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, n_parts, n_tiles, BLOCK, NTP)
+                      part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, n_parts, n_tiles, BLOCK, NTP, ASM)
 
 
 @triton.jit
 def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr,
                       li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr,
-                      DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr):
+                      DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ASM: tl.constexpr):
     """Read 1 of program (i, s) on a nucleus-first row with lane lists: the statistics of
     ``_read1_part`` (no draw: the part token is lo, a valid column for the decide's
     combine) and the part's list (``lane_lists_triton``)."""
     a1, i1, a2, i2, _bound, b, nf, m, zl, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX)
     at = (i * n_parts + s).to(tl.int64)
     zs = store_lane_list(a1, i1, a2, i2, b, zl, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
-                         lb_ptr + at, DEPTH, LIST)
+                         lb_ptr + at, DEPTH, LIST, ASM)
     _store_part_stats(a1, tmax, m, zs, nf, lo, i, s, lo, hi, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr,
-                      tmax_ptr, n_parts, n_tiles, BLOCK, NTP)
+                      tmax_ptr, n_parts, n_tiles, BLOCK, NTP, ASM)
 
 
 @triton.jit
@@ -146,7 +158,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                   out_ptr, path_ptr, work_ptr, brk_ptr, ticket_ptr, vocab, part, n_parts, n_tiles,
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
                   DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ALL: tl.constexpr, FUSE: tl.constexpr,
-                  P: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr):
+                  P: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
     ROWS 2 for the others (draw or argmax). ALL (the caller's promise that every row is
@@ -163,17 +175,18 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
         if nucleus:
             if DEPTH > 0:
                 _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
-                                  lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK, NTP, DEPTH, LIST, TMAX)
+                                  lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK, NTP, DEPTH, LIST, TMAX,
+                                  ASM)
             else:
                 _read1_part(row, hi, inv_t, 0, 0, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
-                            n_parts, n_tiles, FAST_LOG, BLOCK, NTP, False)
+                            n_parts, n_tiles, FAST_LOG, BLOCK, NTP, False, ASM)
         elif ALL:
             tl.store(part_tok_ptr + i * n_parts + s, lo.to(tl.int64))
     elif not nucleus:
         if inv_t > 0:
             k1, k2 = row_keys(seed_ptr, pos_ptr, i)
             _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
-                        n_parts, n_tiles, FAST_LOG, BLOCK, NTP, True)
+                        n_parts, n_tiles, FAST_LOG, BLOCK, NTP, True, ASM)
         else:
             tl.store(part_tok_ptr + i * n_parts + s, argmax_pass(row, hi, BLOCK, 1, lo).to(tl.int64))
     if FUSE:
@@ -362,12 +375,13 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     row_f, row_i, n_c, cand_x, cand_i = ws.row_f, ws.row_i, ws.n_c, ws.cand_x, ws.cand_i
     lx, li, ln, lb = ws.lx, ws.li, ws.ln, ws.lb
     fast_log = use_fast_log(dev)
+    asm = ASM_STORES if ASM_STORES is not None else dev.type == "cuda" and not _INTERPRET
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
     s_row = logits.stride(0)
     # what fixes every launch's specialisation (``fast_launch``): the workspace (its views'
     # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
-    ck = (id(ws), ws.rows, logits.dtype, s_row, vocab, part, fast_log, block, cap, search_block, num_pivots,
-          num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg, decide_warps,
+    ck = (id(ws), ws.rows, asm, FUSED_MAXNREG, logits.dtype, s_row, vocab, part, fast_log, block, cap, search_block,
+          num_pivots, num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg, decide_warps,
           narrow_draw, chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
           *(t.data_ptr() % 16 for t in (logits, inv, sd, pos, k, p, lmp, out, paths)))
     _mark(marks, "start")
@@ -379,7 +393,8 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, lx, li, ln, lb, row_f, row_i,
             out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
             NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
-            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, NARROW=narrow, num_warps=num_warps, _key=(ck, rows),
+            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, num_warps=num_warps,
+            _key=(ck, rows),
             **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
         _mark(marks, name)
     if not fuse:

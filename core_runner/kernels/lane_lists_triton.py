@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.gumbel_sample import col_hash, first_argmax, gumbel_noise
+from core_runner.kernels.scatter_store import scatter_store
 from core_runner.kernels.top_k_top_p_triton import _key, _value
 
 
@@ -141,12 +142,13 @@ def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, D
 
 @triton.jit
 def store_lane_list(a1, i1, a2, i2, b, zl, lx_ptr, li_ptr, ln_ptr, lb_ptr, DEPTH: tl.constexpr,
-                    LIST: tl.constexpr):
+                    LIST: tl.constexpr, ASM: tl.constexpr):
     """The part's entries above its bound b (all its tokens > b) into its list of LIST
     slots (value, column), their number (> LIST: overflow) and b. One scan places every
     lane's entries (a lane's are adjacent) and also sums the lanes' masses zl: returns
     that running sum, whose last lane is Z (the count is stored from the last lane too,
-    so the epilogue needs no reduction beyond ``lane_lists_pass``'s)."""
+    so the epilogue needs no reduction beyond ``lane_lists_pass``'s). The stores are
+    ``scatter_store``s (ASM: from each thread's own lanes)."""
     sel1 = a1 > b
     cnt = sel1.to(tl.int32)
     sel2 = a2 > b
@@ -154,14 +156,14 @@ def store_lane_list(a1, i1, a2, i2, b, zl, lx_ptr, li_ptr, ln_ptr, lb_ptr, DEPTH
         cnt += sel2.to(tl.int32)
     end, zs = tl.associative_scan((cnt, zl), 0, _add_pair)
     at1 = end - cnt
-    tl.store(lx_ptr + at1, a1, mask=sel1 & (at1 < LIST))
-    tl.store(li_ptr + at1, i1, mask=sel1 & (at1 < LIST))
+    scatter_store(lx_ptr + at1, a1, sel1 & (at1 < LIST), ASM)
+    scatter_store(li_ptr + at1, i1, sel1 & (at1 < LIST), ASM)
     if DEPTH == 3:
         at2 = at1 + sel1.to(tl.int32)
-        tl.store(lx_ptr + at2, a2, mask=sel2 & (at2 < LIST))
-        tl.store(li_ptr + at2, i2, mask=sel2 & (at2 < LIST))
+        scatter_store(lx_ptr + at2, a2, sel2 & (at2 < LIST), ASM)
+        scatter_store(li_ptr + at2, i2, sel2 & (at2 < LIST), ASM)
     last = tl.arange(0, a1.shape[0]) == a1.shape[0] - 1
-    tl.store(ln_ptr + tl.zeros_like(end), end, mask=last)
+    scatter_store(ln_ptr + tl.zeros_like(end), end, last, ASM)
     tl.store(lb_ptr, b)
     return zs
 

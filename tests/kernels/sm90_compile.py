@@ -88,8 +88,12 @@ class compiling_for_sm90:
     the compiled kernels collect in ``.compiled``."""
 
     def __enter__(self):
+        from core_runner.kernels import cut_sample_split_triton as split
+
         self.compiled: list[str] = []
         self._run = JITFunction.run
+        self._asm = split.ASM_STORES
+        split.ASM_STORES = True  # the GPU's form of read 1's scattered stores (CPU tensors would pick tl.store)
 
         def run(fn, *args, grid, warmup, **kwargs):
             self.compiled.append(_compile_launch(fn, args, kwargs))
@@ -98,7 +102,10 @@ class compiling_for_sm90:
         return self
 
     def __exit__(self, *exc):
+        from core_runner.kernels import cut_sample_split_triton as split
+
         JITFunction.run = self._run
+        split.ASM_STORES = self._asm
         return False
 
 
@@ -141,6 +148,14 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
 
     for mode in ("lists3", "lists3nt", "lists2"):
         cases[f"probe_{mode}"] = lambda mode=mode: probe(mode)
+    def scatter():  # the inline PTX store of read 1's lists (``scatter_store``), alone
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from test_scatter_store import _compact_kernel
+
+        _compact_kernel[(1,)](x[0, :512].contiguous(), x[1, :512].contiguous(), pos[:1].to(torch.int32), 0.5,
+                              B=512, ASM=True, num_warps=2)
+
+    cases["scatter_store"] = scatter
     for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
         cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
             x, inv, seeds, pos, split=s, block=b, num_warps=w)
