@@ -85,7 +85,7 @@ for s in "${STAGES[@]}"; do
       timeout 400 python3 benchmarks/sampler_rounds.py --json "$LOG/sampler_rounds.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
     sampler-read1)
       say sampler read 1
-      timeout 420 python3 benchmarks/sampler_read1.py --reps ${READ1_REPS:-3} --json "$LOG/sampler_read1.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
+      timeout 420 python3 benchmarks/sampler_read1.py --reps ${READ1_REPS:-3} ${READ1_PARTS:+--parts $READ1_PARTS} --json "$LOG/sampler_read1.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
     sampler-ncu)
       say sampler ncu
       NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

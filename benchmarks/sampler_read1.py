@@ -58,6 +58,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--json")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--shapes", action="store_true", help="also the full call at the other launch shapes")
+    ap.add_argument("--parts", help="comma-separated names of the variants to time (default: all)")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
     n, vocab = 1024, 151936
@@ -92,6 +93,8 @@ def main(argv=None) -> dict:
     parts = [("full", None, {}, None), ("full_reg128", None, {}, 128), ("full_dw4", None, dict(decide_warps=4), None),
              ("read1", {"_read1_kernel"}, dict(decide_warps=4), None), ("fused", {"_read1_kernel"}, {}, None),
              ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), None)]
+    if args.parts:
+        parts = [p for p in parts if p[0] in args.parts.split(",")]
     default_reg = cs.FUSED_MAXNREG
     try:
         times: dict = {name: [] for name, _, _, _ in parts}
