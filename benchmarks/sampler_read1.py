@@ -5,9 +5,9 @@ top-p 0.9), GPU times from CUDA-graph replays (each variant ``--reps`` times, in
 median) of:
 
   full       the whole cut call at the Sampler's shape (read 1 with the fused decide, read
-             2, two rounds); full_reg128: read 1's register cap 128 (``FUSED_MAXNREG``;
-             the default is 96 since session 10); full_dw4: the decide as a launch of its
-             own (4 warps)
+             2, two rounds); full_reg96: read 1's register cap 96, not 128
+             (``FUSED_MAXNREG``; session 10, call 7: 0.253-0.263 ms against 0.245 at 128,
+             when 96 was the default); full_dw4: the decide as a launch of its own (4 warps)
   read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
   fused      read 1 alone with the fused decide (the rows it sends on are dropped)
   decide4    the decide as a launch of its own (4 warps) after an unfused read 1 (its
@@ -90,7 +90,7 @@ def main(argv=None) -> dict:
         return f
 
     real_fast = cs.fast
-    parts = [("full", None, {}, None), ("full_reg128", None, {}, 128), ("full_dw4", None, dict(decide_warps=4), None),
+    parts = [("full", None, {}, None), ("full_reg96", None, {}, 96), ("full_dw4", None, dict(decide_warps=4), None),
              ("read1", {"_read1_kernel"}, dict(decide_warps=4), None), ("fused", {"_read1_kernel"}, {}, None),
              ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), None)]
     if args.parts:

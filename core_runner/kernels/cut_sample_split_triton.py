@@ -75,10 +75,11 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # registers of read 1 with the fused decide: the decide alone would take ~190 (sm90), which
 # would halve the read-1 programs an SM holds; capped, the decide (one program in n_parts)
-# spills instead. 96: read 1's loop and epilogue fit in 96 without spills since session 10's
-# epilogue (one reduction, one scan, ``scatter_store``), so an SM holds 10 programs of 2
-# warps, not 8 (128); the decide then spills ~400 bytes a thread (sm90, triton 3.6)
-FUSED_MAXNREG = 96
+# spills a little instead (112 bytes). Since session 10's epilogue (one reduction, one scan,
+# ``scatter_store``) the loop and epilogue alone fit in 96 (10 programs of 2 warps per SM, not
+# 8), but a cap of 96 spills ~400 bytes in the decide and was slower on the H200: graph
+# 0.253-0.263 ms against 0.245 at 128 (benchmarks/RESULTS.md, session 10)
+FUSED_MAXNREG = 128
 
 
 @triton.jit
