@@ -7,7 +7,8 @@ median) of:
   full       the whole cut call at the Sampler's shape (read 1 with the fused decide, read
              2, two rounds); full_reg96: read 1's register cap 96, not 128
              (``FUSED_MAXNREG``; session 10, call 7: 0.253-0.263 ms against 0.245 at 128,
-             when 96 was the default); full_dw4: the decide as a launch of its own (4 warps)
+             when 96 was the default); full_dw4: the decide as a launch of its own (4 warps);
+             full_wide: the lists' draw on all their slots (``narrow_draw=False``)
   read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
   fused      read 1 alone with the fused decide (the rows it sends on are dropped)
   decide4    the decide as a launch of its own (4 warps) after an unfused read 1 (its
@@ -91,6 +92,7 @@ def main(argv=None) -> dict:
 
     real_fast = cs.fast
     parts = [("full", None, {}, None), ("full_reg96", None, {}, 96), ("full_dw4", None, dict(decide_warps=4), None),
+             ("full_wide", None, dict(narrow_draw=False), None),
              ("read1", {"_read1_kernel"}, dict(decide_warps=4), None), ("fused", {"_read1_kernel"}, {}, None),
              ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), None)]
     if args.parts:

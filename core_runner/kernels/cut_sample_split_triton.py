@@ -197,7 +197,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
             _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                         part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr,
                         work_ptr, brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, True,
-                        DEPTH, LIST, ALL, NPV, NARROW)
+                        DEPTH, LIST, ALL, NPV, NARROW, ASM)
 
 
 @triton.jit
@@ -205,11 +205,11 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                    brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr,
                    BLOCK: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr,
-                   ALL: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr):
+                   ALL: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
     _decide_row(tl.program_id(0), logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                 brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL, NPV,
-                NARROW)
+                NARROW, ASM)
 
 
 @triton.jit
@@ -217,7 +217,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                 brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
                 P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr,
-                NPV: tl.constexpr, NARROW: tl.constexpr):
+                NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
     """Step 2 for row i: the decide launch's program i or, with ``all_top_p`` and lists
     (FUSE of ``_read1_kernel``), the last read-1 program of the row to finish."""
     row = logits_ptr + i.to(tl.int64) * s_row
@@ -255,7 +255,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                         at = (i * n_parts).to(tl.int64)
                         tok, settled = nucleus_from_lists(lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
                                                           lb_ptr + at, n_parts, m, z, p, k1, k2, FAST_LOG, P, LIST,
-                                                          NARROW)
+                                                          NARROW, ASM)
                         if settled:
                             t = tok
                             path = 8
@@ -402,7 +402,8 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
         fast(_decide_kernel)[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i,
                                    out, paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log,
                                    BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p,
-                                   NPV=HIST_PIVOTS, NARROW=narrow, num_warps=decide_warps or row_warps, _key=ck)
+                                   NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, num_warps=decide_warps or row_warps,
+                                   _key=ck)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
     grid = (read2_grid(dev, n, n_chunks),)
@@ -413,7 +414,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             FAST_LOG=fast_log, BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,
             NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap), SCAND2=min(256, cap), CHUNK=chunk_cols(block),
             CT=chunk_cols(block) // block, TMAX=tile_max or not lists, NPV=HIST_PIVOTS,
-            FIRST=r == 0, LAST=r == rounds, num_warps=row_warps, _key=(ck, r),
+            FIRST=r == 0, LAST=r == rounds, ASM=asm, OTHER=not all_top_p, num_warps=row_warps, _key=(ck, r),
             **({"maxnreg": round_maxnreg} if round_maxnreg else {}))
         _mark(marks, "read2" if r == 0 else f"round{r}")
 

@@ -219,7 +219,7 @@ def _bisect_draw(x, w, ci, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG: tl.
 
 @triton.jit
 def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_ptr, FAST_LOG: tl.constexpr,
-                     NARROW: tl.constexpr):
+                     NARROW: tl.constexpr, ASM: tl.constexpr):
     """argmax of x + g over {x >= v_p} among entries x (> big_t, -inf elsewhere; w their
     exp(x - m), ci_at their columns' addresses) that hold the nucleus. The bisection
     (``nucleus_floor``) runs over all the entries only until at most NARROW are left at or
@@ -227,7 +227,8 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
     the row's own lists, whose entries are all in registers by then), and the rest of the
     bisection and the noise, the costly part, run on NARROW lanes instead of all of them
     (the decide's work per row was ~20% of read 1's, session 9). More than NARROW left, or
-    NARROW 0: everything on all the entries."""
+    NARROW 0: everything on all the entries. The move is a ``scatter_store`` (ASM: inline
+    PTX, without the layout round trip through shared memory)."""
     n = tl.sum(valid.to(tl.int32), axis=0)
     lo_k, hi_k, c_lo, c_hi = _bisect(x, w, _key(big_t), _key(m) + 1, n, tl.zeros([], tl.int32), target, NARROW)
     tok = tl.zeros([], tl.int32)
@@ -238,8 +239,8 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
         ci = tl.load(ci_at, mask=sel, other=0)
         at = tl.cumsum(sel.to(tl.int32), axis=0) - 1
         tl.debug_barrier()  # every lane's loads of the lists before they are overwritten
-        tl.store(sx_ptr + at, x, mask=sel)
-        tl.store(si_ptr + at, ci, mask=sel)
+        scatter_store(sx_ptr + at, x, sel, ASM)
+        scatter_store(si_ptr + at, ci, sel, ASM)
         tl.debug_barrier()
         offs = tl.arange(0, NARROW)
         held = offs < c_lo
@@ -254,7 +255,7 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
 
 @triton.jit
 def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2, FAST_LOG: tl.constexpr,
-                       P: tl.constexpr, LIST: tl.constexpr, NARROW: tl.constexpr):
+                       P: tl.constexpr, LIST: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
     """(token, ok) of a top-p-alone row from its parts' lists (pointers at the row's first
     part): ok false when the lists do not hold the nucleus (module docstring). When ok,
     the row's lists are scratch for the draw (``_draw_in_nucleus``, NARROW lanes; 0: all
@@ -273,5 +274,6 @@ def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2,
     ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(w, axis=0) >= target)
     tok = tl.zeros([], tl.int64)
     if ok:
-        tok = _draw_in_nucleus(x, w, li_ptr + r, valid, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG, NARROW)
+        tok = _draw_in_nucleus(x, w, li_ptr + r, valid, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG, NARROW,
+                               ASM)
     return tok, ok

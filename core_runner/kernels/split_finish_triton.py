@@ -36,7 +36,7 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, brk_ptr, hist_ptr,
                 next_ptr, vocab, n_parts, n_chunks, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr,
                 SBLOCK: tl.constexpr, NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr,
-                SCAND2: tl.constexpr, NPV: tl.constexpr, MORE: tl.constexpr):
+                SCAND2: tl.constexpr, NPV: tl.constexpr, MORE: tl.constexpr, OTHER: tl.constexpr):
     """Step 4 for row i (state ``_READ2`` or ``_ONE_PROGRAM``). ``_READ2``: A = mass{x > lo}
     (read 2's chunk sums, in chunk order) >= p Z, or mode 2, means the candidates hold the
     nucleus: the draw among them (the narrowest sort that holds them), or past the
@@ -45,6 +45,7 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
     second maxima are not kept, which only loosens the top-k lower bound; the same
     result). MORE: histogram rounds follow, and a row whose candidates fall short of its
     nucleus goes on to them (``next_round``) instead of the one-program pivot search.
+    OTHER: rows with other cuts may be in the batch (False with ``all_top_p``).
     Stores the token and path of a settled row; puts the row's candidate counter back to 0."""
     row = logits_ptr + i.to(tl.int64) * s_row
     state = tl.load(row_i_ptr + i * 4)
@@ -74,19 +75,21 @@ def _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 t = _finish_nucleus(cx, ci, n_c, t, x_t, m, p * z, lo_v, k1, k2, FAST_LOG, SCAND)
             elif covered & (n_c <= SCAND2):
                 t = _finish_nucleus(cx, ci, n_c, t, x_t, m, p * z, lo_v, k1, k2, FAST_LOG, SCAND2)
-            elif covered & (n_c <= CAP) & (not MORE):  # (CAP-wide arrays: slower, the rounds avoid them)
-                t = _finish_nucleus(cx, ci, n_c, t, x_t, m, p * z, lo_v, k1, k2, FAST_LOG, CAP)
             elif MORE:  # flat: the histogram rounds, from the decide's bracket
                 if tl.load(brk_ptr + i * (NPV + 4) + 3) != 0:  # read 2 took its histogram
                     state = next_round(i, brk_ptr, hist_ptr, row_i_ptr, next_ptr, n_chunks, p * z, CAP, NPV, NCP)
                 else:
                     state = _go_on(i, _SEARCH, row_i_ptr, next_ptr)
+            # (MORE is a constexpr: with rounds to follow the two branches below are not compiled, and their
+            # CAP-wide arrays do not raise the whole kernel's registers)
+            elif covered & (n_c <= CAP):  # (CAP-wide arrays: slower, the rounds avoid them)
+                t = _finish_nucleus(cx, ci, n_c, t, x_t, m, p * z, lo_v, k1, k2, FAST_LOG, CAP)
             else:
                 path = 3
                 # covered: v_p >= x_t = lo_v (mode 1, A >= p Z) or v_p >= F > lo_v (mode 2); else no hint
                 t = _pivot_search(row, vocab, inv_t, k, p, lmp, m, n_fin, tl.where(covered, lo_v, -float("inf")),
                                   k1, k2, cx, FAST_LOG, BLOCK, SBLOCK, NP, CAP)
-    else:
+    elif OTHER:  # (a constexpr: a batch of top-p-alone rows has no row in this state, nor this path's code)
         a1 = _lane_maxima(a1_ptr, i, n_parts, BLOCK)
         a2 = tl.full([BLOCK], -float("inf"), tl.float32)
         t, path = _cut_row(row, vocab, inv_t, t, a1, a2, n_fin, k, p, lmp, k1, k2, cx, ci,

@@ -22,13 +22,15 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.gumbel_sample import row_keys
+from core_runner.kernels.scatter_store import scatter_store
 from core_runner.kernels.split_finish_triton import _ONE_PROGRAM, _finish_round, _finish_row
 from core_runner.kernels.split_rounds_triton import _SEARCH, gather_chunk, hist_chunk
 
 
 @triton.jit
 def _read2_chunk(row, i, c, inv_t, m, lo_v, tmax_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, vocab, n_tiles,
-                 n_chunks, CAP: tl.constexpr, CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr):
+                 n_chunks, CAP: tl.constexpr, CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr,
+                 ASM: tl.constexpr):
     """Chunk c of row i: mass{x > lo_v} into its slot of chunk_a, the tokens > lo_v into
     the row's candidates. With TMAX (read 1 kept tile maxima) a chunk whose tiles all have
     their max <= lo_v is not read."""
@@ -46,8 +48,8 @@ def _read2_chunk(row, i, c, inv_t, m, lo_v, tmax_ptr, nc_ptr, chunk_a_ptr, cx_pt
         cnt = tl.sum(gt.to(tl.int32), axis=0)
         if cnt > 0:
             at = tl.atomic_add(nc_ptr + i, cnt) + tl.cumsum(gt.to(tl.int32), axis=0) - 1
-            tl.store(cx_ptr + i.to(tl.int64) * CAP + at, x, mask=gt & (at < CAP))
-            tl.store(ci_ptr + i.to(tl.int64) * CAP + at, cols, mask=gt & (at < CAP))
+            scatter_store(cx_ptr + i.to(tl.int64) * CAP + at, x, gt & (at < CAP), ASM)
+            scatter_store(ci_ptr + i.to(tl.int64) * CAP + at, cols, gt & (at < CAP), ASM)
     tl.store(chunk_a_ptr + i * n_chunks + c, a)
 
 
@@ -58,12 +60,13 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
                   NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr,
                   CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr, NPV: tl.constexpr,
-                  FIRST: tl.constexpr, LAST: tl.constexpr):
+                  FIRST: tl.constexpr, LAST: tl.constexpr, ASM: tl.constexpr, OTHER: tl.constexpr):
     """Program q of the fixed grid takes the work items q, q + grid, ... of its list
     (module docstring). FIRST: read 2 (rows ``_READ2``, ``_ONE_PROGRAM``); else a
     histogram round (rows ``_SEARCH``, ``_GATHER``: ``split_rounds_triton``). Rows that
     go on are put on next_ptr's list; LAST: none (a row still searching takes the
-    one-program search)."""
+    one-program search). OTHER: rows with other cuts (state ``_ONE_PROGRAM``) may be on
+    the list (False with ``all_top_p``: their path is not compiled)."""
     n_rows = tl.load(work_ptr)
     for w in range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
         r = w // n_chunks
@@ -79,7 +82,7 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
             h = hist_ptr + (i * n_chunks + c).to(tl.int64) * (2 * NPV)
             if FIRST:
                 _read2_chunk(row, i, c, inv_t, m, tl.load(row_f_ptr + i * 4 + 2), tmax_ptr, nc_ptr, chunk_a_ptr,
-                             cx_ptr, ci_ptr, vocab, n_tiles, n_chunks, CAP, CHUNK, CT, TMAX)
+                             cx_ptr, ci_ptr, vocab, n_tiles, n_chunks, CAP, CHUNK, CT, TMAX, ASM)
                 if not LAST:  # the first histogram, for a row flagged flat by the decide
                     if tl.load(b + 3) != 0:
                         hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, NPV)
@@ -87,7 +90,7 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                 hist_chunk(row, c, inv_t, m, b, h, vocab, CHUNK, NPV)
             else:
                 k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-                gather_chunk(row, i, c, inv_t, k1, k2, b, h, nc_ptr, cx_ptr, ci_ptr, vocab, FAST_LOG, CAP, CHUNK)
+                gather_chunk(row, i, c, inv_t, k1, k2, b, h, nc_ptr, cx_ptr, ci_ptr, vocab, FAST_LOG, CAP, CHUNK, ASM)
             tl.debug_barrier()  # every thread's stores of this chunk before the ticket
             last = tl.atomic_add(ticket_ptr + i, 1, sem="acq_rel") == n_chunks - 1
         if last:
@@ -96,7 +99,7 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                 _finish_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                             row_f_ptr, row_i_ptr, a1_ptr, nc_ptr, chunk_a_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr,
                             brk_ptr, hist_ptr, next_ptr, vocab, n_parts, n_chunks, FAST_LOG, BLOCK, CAP, SBLOCK, NP,
-                            NCP, SCAND, SCAND2, NPV, not LAST)
+                            NCP, SCAND, SCAND2, NPV, not LAST, OTHER)
             else:
                 _finish_round(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                               row_f_ptr, row_i_ptr, nc_ptr, cx_ptr, ci_ptr, out_ptr, path_ptr, brk_ptr, hist_ptr,

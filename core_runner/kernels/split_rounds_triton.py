@@ -36,6 +36,7 @@ import triton.language as tl
 
 from core_runner.kernels.gumbel_sample import _BIG, col_hash, first_argmax, gumbel_noise
 from core_runner.kernels.lane_lists_triton import nucleus_floor
+from core_runner.kernels.scatter_store import scatter_store
 from core_runner.kernels.top_k_top_p_triton import _key, _value
 
 # row states of the rounds (after those of ``split_finish_triton``)
@@ -88,7 +89,7 @@ def hist_chunk(row, c, inv_t, m, b_ptr, h_ptr, vocab, CHUNK: tl.constexpr, NPV: 
 
 @triton.jit
 def gather_chunk(row, i, c, inv_t, k1, k2, b_ptr, h_ptr, nc_ptr, cx_ptr, ci_ptr, vocab, FAST_LOG: tl.constexpr,
-                 CAP: tl.constexpr, CHUNK: tl.constexpr):
+                 CAP: tl.constexpr, CHUNK: tl.constexpr, ASM: tl.constexpr):
     """Chunk c of a gathered row: its tokens in [b_lo, b_hi) into the row's candidates, and
     the best x + g over its tokens >= b_hi (score, column) into h_ptr[0:2]."""
     lo_b = tl.load(b_ptr)
@@ -99,8 +100,8 @@ def gather_chunk(row, i, c, inv_t, k1, k2, b_ptr, h_ptr, nc_ptr, cx_ptr, ci_ptr,
     cnt = tl.sum(inb.to(tl.int32), axis=0)
     if cnt > 0:
         at = tl.atomic_add(nc_ptr + i, cnt) + tl.cumsum(inb.to(tl.int32), axis=0) - 1
-        tl.store(cx_ptr + i.to(tl.int64) * CAP + at, x, mask=inb & (at < CAP))
-        tl.store(ci_ptr + i.to(tl.int64) * CAP + at, cols, mask=inb & (at < CAP))
+        scatter_store(cx_ptr + i.to(tl.int64) * CAP + at, x, inb & (at < CAP), ASM)
+        scatter_store(ci_ptr + i.to(tl.int64) * CAP + at, cols, inb & (at < CAP), ASM)
     best = -float("inf")
     col = tl.zeros([], tl.int32)
     if tl.max(x, axis=0) >= hi_b:

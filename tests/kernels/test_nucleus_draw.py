@@ -17,7 +17,7 @@ from core_runner.sample import rng
 
 @triton.jit
 def _draw_kernel(x_ptr, i_ptr, seed_ptr, pos_ptr, out_ptr, m, target, big_t, N: tl.constexpr,
-                 NARROW: tl.constexpr):
+                 NARROW: tl.constexpr, ASM: tl.constexpr):
     r = tl.arange(0, N)
     big_t = big_t + tl.zeros([], tl.float32)  # (the interpreter passes floats as Python floats)
     m = m + tl.zeros([], tl.float32)
@@ -27,7 +27,7 @@ def _draw_kernel(x_ptr, i_ptr, seed_ptr, pos_ptr, out_ptr, m, target, big_t, N: 
     x = tl.where(valid, x, -float("inf"))
     w = tl.where(valid, tl.exp(x - m), 0.0)
     k1, k2 = row_keys(seed_ptr, pos_ptr, 0)
-    tok = _draw_in_nucleus(x, w, i_ptr + r, valid, m, target, big_t, k1, k2, x_ptr, i_ptr, False, NARROW)
+    tok = _draw_in_nucleus(x, w, i_ptr + r, valid, m, target, big_t, k1, k2, x_ptr, i_ptr, False, NARROW, ASM)
     tl.store(out_ptr, tok)
 
 
@@ -56,12 +56,13 @@ def test_draw_in_nucleus_matches_the_reference_for_every_narrow_width(device, p)
     seeds = torch.tensor([seed], device=device)
     positions = torch.tensor([pos], device=device)
     moved = {}
-    for narrow in (0, 4, 16, 64, n):
-        xd, cd = x.to(device).clone(), cols.to(device).clone()  # fresh copies: the draw overwrites them
-        out = torch.empty(1, dtype=torch.int64, device=device)
-        _draw_kernel[(1,)](xd, cd, seeds, positions, out, m, target, big_t, N=n, NARROW=narrow)
-        assert int(out) == want, (p, narrow)
-        moved[narrow] = not torch.equal(xd.cpu(), x)  # the narrow path moved the entries to the front
+    for asm in [False, True] if device == "cuda" else [False]:  # the move by inline PTX: GPU only
+        for narrow in (0, 4, 16, 64, n):
+            xd, cd = x.to(device).clone(), cols.to(device).clone()  # fresh copies: the draw overwrites them
+            out = torch.empty(1, dtype=torch.int64, device=device)
+            _draw_kernel[(1,)](xd, cd, seeds, positions, out, m, target, big_t, N=n, NARROW=narrow, ASM=asm)
+            assert int(out) == want, (p, narrow, asm)
+            moved[narrow] = not torch.equal(xd.cpu(), x)  # the narrow path moved the entries to the front
     assert moved[n] and not moved[0]  # all entries fit: narrow from the start; 0: never narrow
     if p >= 0.9:
         assert not moved[4]  # the nucleus alone is wider than 4: all entries to the end
