@@ -143,8 +143,8 @@ def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_n
                       li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr,
                       DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ASM: tl.constexpr):
     """Read 1 of program (i, s) on a nucleus-first row with lane lists: the statistics of
-    ``_read1_part`` (no draw: the part token is lo, a valid column for the decide's
-    combine) and the part's list (``lane_lists_triton``)."""
+    ``_read1_part`` (no draw: the part token is lo, a valid column, which the decide
+    does not combine) and the part's list (``lane_lists_triton``)."""
     a1, i1, a2, i2, _bound, b, nf, m, zl, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX)
     at = (i * n_parts + s).to(tl.int64)
     zs = store_lane_list(a1, i1, a2, i2, b, zl, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
@@ -382,8 +382,8 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     # what fixes every launch's specialisation (``fast_launch``): the workspace (its views'
     # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
     ck = (id(ws), ws.rows, asm, FUSED_MAXNREG, logits.dtype, s_row, vocab, part, fast_log, block, cap, search_block,
-          num_pivots, num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg, decide_warps,
-          narrow_draw, chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
+          num_pivots, num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg,
+          decide_warps, narrow_draw, chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
           *(t.data_ptr() % 16 for t in (logits, inv, sd, pos, k, p, lmp, out, paths)))
     _mark(marks, "start")
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
