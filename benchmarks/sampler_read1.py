@@ -8,7 +8,9 @@ median) of:
              2, two rounds); full_reg96: read 1's register cap 96, not 128
              (``FUSED_MAXNREG``; session 10, call 7: 0.253-0.263 ms against 0.245 at 128,
              when 96 was the default); full_dw4: the decide as a launch of its own (4 warps);
-             full_wide: the lists' draw on all their slots (``narrow_draw=False``)
+             full_wide: the lists' draw on all their slots (``narrow_draw=False``);
+             full_dw1024(_reg96): the entries above T moved first, the draw on 1,024 slots
+             (``decide_width``; sm90: read 1 then fits in 96 registers without spills)
   read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
   fused      read 1 alone with the fused decide (the rows it sends on are dropped)
   decide4    the decide as a launch of its own (4 warps) after an unfused read 1 (its
@@ -93,6 +95,8 @@ def main(argv=None) -> dict:
     real_fast = cs.fast
     parts = [("full", None, {}, None), ("full_reg96", None, {}, 96), ("full_dw4", None, dict(decide_warps=4), None),
              ("full_wide", None, dict(narrow_draw=False), None),
+             ("full_dw1024", None, dict(decide_width=1024), None),
+             ("full_dw1024_reg96", None, dict(decide_width=1024), 96),
              ("read1", {"_read1_kernel"}, dict(decide_warps=4), None), ("fused", {"_read1_kernel"}, {}, None),
              ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), None)]
     if args.parts:

@@ -159,7 +159,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                   out_ptr, path_ptr, work_ptr, brk_ptr, ticket_ptr, vocab, part, n_parts, n_tiles,
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
                   DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ALL: tl.constexpr, FUSE: tl.constexpr,
-                  P: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
+                  P: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr, DW: tl.constexpr):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
     ROWS 2 for the others (draw or argmax). ALL (the caller's promise that every row is
@@ -197,7 +197,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
             _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                         part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr,
                         work_ptr, brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, True,
-                        DEPTH, LIST, ALL, NPV, NARROW, ASM)
+                        DEPTH, LIST, ALL, NPV, NARROW, ASM, DW)
 
 
 @triton.jit
@@ -205,11 +205,12 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                    part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                    brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr,
                    BLOCK: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr,
-                   ALL: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
+                   ALL: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr,
+                   DW: tl.constexpr):
     _decide_row(tl.program_id(0), logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                 brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL, NPV,
-                NARROW, ASM)
+                NARROW, ASM, DW)
 
 
 @triton.jit
@@ -217,7 +218,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                 brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr,
                 P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr, ALL: tl.constexpr,
-                NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
+                NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr, DW: tl.constexpr):
     """Step 2 for row i: the decide launch's program i or, with ``all_top_p`` and lists
     (FUSE of ``_read1_kernel``), the last read-1 program of the row to finish."""
     row = logits_ptr + i.to(tl.int64) * s_row
@@ -255,7 +256,7 @@ def _decide_row(i, logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                         at = (i * n_parts).to(tl.int64)
                         tok, settled = nucleus_from_lists(lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
                                                           lb_ptr + at, n_parts, m, z, p, k1, k2, FAST_LOG, P, LIST,
-                                                          NARROW, ASM)
+                                                          NARROW, ASM, DW)
                         if settled:
                             t = tok
                             path = 8
@@ -309,7 +310,7 @@ def sample_with_cuts_split(
     split: int, block: int, cap: int, search_block: int, num_pivots: int, num_warps: int,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
     tile_max: bool = True, all_top_p: bool = False, rounds: int = 2, round_maxnreg: int | None = None,
-    decide_warps: int = 0, narrow_draw: bool = True,
+    decide_warps: int = 0, narrow_draw: bool = True, decide_width: int = 0,
 ) -> torch.Tensor:
     """The launches of the module docstring for contiguous
     [n, V] logits, n > 0, on a workspace kept between calls (``split_workspace``);
@@ -327,7 +328,9 @@ def sample_with_cuts_split(
     lists: the last program of a row decides it, with read 1's warps); > 0 always runs it
     as a launch of its own, one program of that many warps per row. ``narrow_draw``: the
     decide finishes the lists' draw on ``list_slots`` lanes (``lane_lists_triton``); False:
-    on all the row's list slots (session 8's).
+    on all the row's list slots (session 8's). ``decide_width`` (0 or a power of 2): 0 starts
+    the lists' draw on all the row's list slots; W > 0 first moves the entries above T to
+    the front and draws on W slots (``lane_lists_triton.nucleus_from_lists``).
     ``marks`` (a list, CUDA): a (launch name, CUDA event) pair is appended after each
     launch, behind a ("start", event) pair, for a per-launch time breakdown."""
     if lists not in (0, 2, 3):
@@ -338,6 +341,8 @@ def sample_with_cuts_split(
         raise ValueError(f"lists={lists} needs nucleus_first=True (the lists replace the draw of read 1)")
     if list_slots < 1 or list_slots & (list_slots - 1):
         raise ValueError(f"list_slots={list_slots} must be a power of 2")
+    if decide_width < 0 or decide_width & (decide_width - 1):
+        raise ValueError(f"decide_width={decide_width}: 0 (all the list slots) or a power of 2")
     if decide_warps not in (0, 1, 2, 4, 8, 16):
         raise ValueError(f"decide_warps={decide_warps}: 0 (fused into read 1) or a power of 2 up to 16")
     if not 0 <= rounds <= MAX_ROUNDS:
@@ -359,7 +364,7 @@ def sample_with_cuts_split(
     try:
         _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
                 search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p,
-                rounds, round_maxnreg, decide_warps, narrow_draw)
+                rounds, round_maxnreg, decide_warps, narrow_draw, decide_width)
     except BaseException:
         discard(ws)
         raise
@@ -368,7 +373,7 @@ def sample_with_cuts_split(
 
 def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
             search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds,
-            round_maxnreg, decide_warps, narrow_draw):
+            round_maxnreg, decide_warps, narrow_draw, decide_width):
     """The launches of ``sample_with_cuts_split`` on its workspace."""
     n = logits.shape[0]
     dev = logits.device
@@ -383,7 +388,7 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
     ck = (id(ws), ws.rows, asm, FUSED_MAXNREG, logits.dtype, s_row, vocab, part, fast_log, block, cap, search_block,
           num_pivots, num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg,
-          decide_warps, narrow_draw, chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
+          decide_warps, narrow_draw, decide_width, chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
           *(t.data_ptr() % 16 for t in (logits, inv, sd, pos, k, p, lmp, out, paths)))
     _mark(marks, "start")
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
@@ -394,16 +399,16 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, tmax, lx, li, ln, lb, row_f, row_i,
             out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
             NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
-            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, num_warps=num_warps,
-            _key=(ck, rows),
+            ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, DW=decide_width,
+            num_warps=num_warps, _key=(ck, rows),
             **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
         _mark(marks, name)
     if not fuse:
         fast(_decide_kernel)[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i,
                                    out, paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log,
                                    BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p,
-                                   NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, num_warps=decide_warps or row_warps,
-                                   _key=ck)
+                                   NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, DW=decide_width,
+                                   num_warps=decide_warps or row_warps, _key=ck)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
     grid = (read2_grid(dev, n, n_chunks),)

@@ -386,7 +386,7 @@ def sample_with_cuts_triton(
     paths: torch.Tensor | None = None, draw_stages: int = 1, sum_stages: int = 1, split: int = 1,
     nucleus_first: bool = False, marks: list | None = None, lists: int = 0, list_slots: int = 256,
     tile_max: bool = True, all_top_p: bool = False, rounds: int = 2, round_maxnreg: int | None = None,
-    decide_warps: int = 0, narrow_draw: bool = True,
+    decide_warps: int = 0, narrow_draw: bool = True, decide_width: int = 0,
 ) -> torch.Tensor:
     """[n, V] logits -> [n] int64 tokens: the token of ``gumbel_sample_ref`` under the
     threshold of ``top_k_top_p_threshold_ref`` (same inputs), without computing it.
@@ -397,7 +397,8 @@ def sample_with_cuts_triton(
     mask), 3 pivot search, 4 top-p alone after histogram rounds over many programs (split:
     ``rounds`` launches after read 2, ``split_rounds_triton``; ``round_maxnreg`` caps their
     registers; ``decide_warps`` > 0: the decide in a launch of its own with that many
-    warps; ``narrow_draw`` False: the lists' draw on all their slots); 7 top-p alone
+    warps; ``narrow_draw`` False: the lists' draw on all their slots; ``decide_width``: the
+    entries above T moved first and drawn on that many slots); 7 top-p alone
     drawn among the candidates >= F without a first draw (split with ``nucleus_first``),
     8 the same drawn from read 1's lane lists (``lists``),
     9 a row that breaks the ``all_top_p`` promise (token -1).
@@ -422,7 +423,7 @@ def sample_with_cuts_triton(
             return sample_with_cuts_split(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, out, paths,
                                           split, block, cap, search_block, num_pivots, num_warps, nucleus_first,
                                           marks, lists, list_slots, tile_max, all_top_p, rounds,
-                                          round_maxnreg, decide_warps, narrow_draw)
+                                          round_maxnreg, decide_warps, narrow_draw, decide_width)
         if marks is not None:
             raise ValueError(f"marks (per-launch events) need split > 1 (one launch here); got split={split}")
         if nucleus_first or lists or all_top_p:

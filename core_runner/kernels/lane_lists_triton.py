@@ -16,8 +16,11 @@ nucleus {x >= v_p} lies among them: v_p = the largest listed value v with
 mass{x >= v} >= p Z (a bisection on the float key), and the token is argmax of x + g
 over the listed entries >= v_p, the draw of the reference. (Gathering the entries > T
 into a quarter or half of the lists' width before the bisection made the decide launch
-slower on the H200, 0.032 -> 0.047 ms: session 6.) Otherwise the row goes on to
-the lane floor and read 2 (``cut_sample_split_triton``).
+slower on the H200, 0.032 -> 0.047 ms: session 6. Session 10 brings it back as an option,
+``decide_width``, for the registers: with the decide fused into read 1, 2,048 slots on 2
+warps keep read 1 above 96 registers (8 programs per SM, not 10); gathered part by part
+into 1,024 slots, read 1 fits in 96 without spills on sm90. Not yet measured.) Otherwise
+the row goes on to the lane floor and read 2 (``cut_sample_split_triton``).
 
 How far the lists reach: random logits (N(0, 4^2) / 0.7, vocab 151,936, 8 x 512 lanes)
 have nuclei of 31 (median) to ~160 tokens at p = 0.9; DEPTH 2 knows the top ~76 tokens
@@ -228,15 +231,17 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
     bisection and the noise, the costly part, run on NARROW lanes instead of all of them
     (the decide's work per row was ~20% of read 1's, session 9). More than NARROW left, or
     NARROW 0: everything on all the entries. The move is a ``scatter_store`` (ASM: inline
-    PTX, without the layout round trip through shared memory)."""
+    PTX, without the layout round trip through shared memory). The columns are read past
+    L1 (.cg): ``_gather_above`` may have rewritten them after reading the old ones there."""
     n = tl.sum(valid.to(tl.int32), axis=0)
     lo_k, hi_k, c_lo, c_hi = _bisect(x, w, _key(big_t), _key(m) + 1, n, tl.zeros([], tl.int32), target, NARROW)
     tok = tl.zeros([], tl.int32)
     if NARROW == 0:
-        tok = _bisect_draw(x, w, tl.load(ci_at, mask=valid, other=0), lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
+        ci = tl.load(ci_at, mask=valid, other=0, cache_modifier=".cg")
+        tok = _bisect_draw(x, w, ci, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
     elif c_lo <= NARROW:
         sel = x >= _value(lo_k)
-        ci = tl.load(ci_at, mask=sel, other=0)
+        ci = tl.load(ci_at, mask=sel, other=0, cache_modifier=".cg")
         at = tl.cumsum(sel.to(tl.int32), axis=0) - 1
         tl.debug_barrier()  # every lane's loads of the lists before they are overwritten
         scatter_store(sx_ptr + at, x, sel, ASM)
@@ -249,31 +254,80 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
         wn = tl.where(held, tl.exp(xn - m), 0.0)
         tok = _bisect_draw(xn, wn, cn, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
     else:
-        tok = _bisect_draw(x, w, tl.load(ci_at, mask=valid, other=0), lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
+        ci_all = tl.load(ci_at, mask=valid, other=0, cache_modifier=".cg")
+        tok = _bisect_draw(x, w, ci_all, lo_k, hi_k, c_lo, c_hi, target, k1, k2, FAST_LOG)
     return tok.to(tl.int64)
 
 
 @triton.jit
+def _gather_above(lx_ptr, li_ptr, ln_ptr, n_parts, big_t, m, LIST: tl.constexpr, DW: tl.constexpr,
+                  ASM: tl.constexpr):
+    """The lists' entries > big_t moved to the front of the row's lists (part by part, in
+    order; at most DW kept): (their number, their mass sum exp(x - m)). In place: the
+    entries of parts 0..s fill at most the slots of parts 0..s (no part holds more than
+    LIST), and a part's entries are in registers before any slot is written."""
+    offs = tl.arange(0, LIST)
+    n = tl.zeros([], tl.int32)
+    mass = tl.zeros([], tl.float32)
+    for s in range(0, n_parts):
+        c = tl.load(ln_ptr + s)
+        x = tl.load(lx_ptr + s * LIST + offs, mask=offs < c, other=-float("inf"))
+        sel = x > big_t
+        at = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+        keep = sel & (at < DW)
+        ci = tl.load(li_ptr + s * LIST + offs, mask=keep, other=0)
+        k, w = tl.reduce((sel.to(tl.int32), tl.where(sel, tl.exp(x - m), 0.0)), 0, _add_pair)
+        tl.debug_barrier()  # the part's loads (every lane's) before its slots may be written
+        scatter_store(lx_ptr + at, x, keep, ASM)
+        scatter_store(li_ptr + at, ci, keep, ASM)
+        n += k
+        mass += w
+    tl.debug_barrier()  # the moves before the reads of ``nucleus_from_lists``
+    return n, mass
+
+
+@triton.jit
 def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2, FAST_LOG: tl.constexpr,
-                       P: tl.constexpr, LIST: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr):
+                       P: tl.constexpr, LIST: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr,
+                       DW: tl.constexpr):
     """(token, ok) of a top-p-alone row from its parts' lists (pointers at the row's first
     part): ok false when the lists do not hold the nucleus (module docstring). When ok,
     the row's lists are scratch for the draw (``_draw_in_nucleus``, NARROW lanes; 0: all
-    the slots) and are left changed."""
-    r = tl.arange(0, P * LIST)
-    part = r // LIST
-    has_part = part < n_parts
-    cnt = tl.load(ln_ptr + part, mask=has_part, other=0)
-    big_t = tl.max(tl.load(lb_ptr + part, mask=has_part, other=-float("inf")), axis=0)
-    held = has_part & (r % LIST < cnt)
-    x = tl.load(lx_ptr + r, mask=held, other=-float("inf"))
-    valid = held & (x > big_t)
-    x = tl.where(valid, x, -float("inf"))
-    w = tl.where(valid, tl.exp(x - m), 0.0)
+    the slots) and are left changed. DW 0: the draw starts on all P x LIST slots (2,048 at
+    the Sampler's shape: 32 values a thread on read 1's 2 warps, which with the fused
+    decide keeps read 1 above 96 registers); DW > 0: the entries > T are first moved to
+    the front (``_gather_above``, LIST slots at a time) and the draw runs on DW slots (more
+    than DW entries: not ok, the row goes on to read 2)."""
     target = p * z
-    ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(w, axis=0) >= target)
     tok = tl.zeros([], tl.int64)
-    if ok:
-        tok = _draw_in_nucleus(x, w, li_ptr + r, valid, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG, NARROW,
-                               ASM)
+    if DW == 0:
+        r = tl.arange(0, P * LIST)
+        part = r // LIST
+        has_part = part < n_parts
+        cnt = tl.load(ln_ptr + part, mask=has_part, other=0)
+        big_t = tl.max(tl.load(lb_ptr + part, mask=has_part, other=-float("inf")), axis=0)
+        held = has_part & (r % LIST < cnt)
+        x = tl.load(lx_ptr + r, mask=held, other=-float("inf"))
+        valid = held & (x > big_t)
+        x = tl.where(valid, x, -float("inf"))
+        w = tl.where(valid, tl.exp(x - m), 0.0)
+        ok = (tl.max(cnt, axis=0) <= LIST) & (tl.sum(w, axis=0) >= target)
+        if ok:
+            tok = _draw_in_nucleus(x, w, li_ptr + r, valid, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG,
+                                   NARROW, ASM)
+    else:
+        parts = tl.arange(0, P)
+        has = parts < n_parts
+        big_t = tl.max(tl.load(lb_ptr + parts, mask=has, other=-float("inf")), axis=0)
+        ok = tl.max(tl.load(ln_ptr + parts, mask=has, other=0), axis=0) <= LIST
+        if ok:
+            n, mass = _gather_above(lx_ptr, li_ptr, ln_ptr, n_parts, big_t, m, LIST, DW, ASM)
+            ok = (n <= DW) & (mass >= target)
+            if ok:
+                o = tl.arange(0, DW)
+                held = o < n
+                x = tl.load(lx_ptr + o, mask=held, other=-float("inf"), cache_modifier=".cg")
+                w = tl.where(held, tl.exp(x - m), 0.0)
+                tok = _draw_in_nucleus(x, w, li_ptr + o, held, m, target, big_t, k1, k2, lx_ptr, li_ptr, FAST_LOG,
+                                       NARROW, ASM)
     return tok, ok

@@ -437,8 +437,9 @@ def test_lane_lists_options_are_checked():
 
 def test_all_top_p_leaves_out_the_other_rows_draw(device):
     """``all_top_p`` (every row promised top-p alone): one read-1 launch, the reference's
-    tokens (the same with the decide in a launch of its own, ``decide_warps``, and with the
-    lists' draw on all their slots, ``narrow_draw``); a row
+    tokens (the same with the decide in a launch of its own, ``decide_warps``, with the
+    lists' draw on all their slots, ``narrow_draw``, and with the entries above T moved
+    first, ``decide_width``: a row with more of them than its slots goes on to read 2); a row
     that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9 and the others
     keep their tokens."""
     args = list(_long_top_p_rows(8))
@@ -449,6 +450,12 @@ def test_all_top_p_leaves_out_the_other_rows_draw(device):
     assert torch.equal(got2, got) and torch.equal(paths2, paths)
     got3, paths3 = _run(device, *args, **kw, narrow_draw=False)  # the lists' draw on all their slots
     assert torch.equal(got3, got) and torch.equal(paths3, paths)
+    got4, paths4 = _run(device, *args, **kw, decide_width=256)  # entries > T moved first; all fit
+    assert torch.equal(got4, got) and torch.equal(paths4, paths)
+    got5, paths5 = _run(device, *args, **kw, decide_width=8)  # rows with more than 8 go on to read 2
+    assert torch.equal(got5, got) and (paths5 == 7).sum() > (paths == 7).sum(), (paths5, paths)
+    with pytest.raises(ValueError, match="decide_width=24: 0 .all the list slots. or a power of 2"):
+        _run(device, *args, **kw, decide_width=24)
     with pytest.raises(ValueError, match="decide_warps=3: 0 .fused into read 1. or a power of 2 up to 16"):
         _run(device, *args, **kw, decide_warps=3)
     logits, inv, k, p, lmp, seeds, pos = (t.clone() for t in args)
