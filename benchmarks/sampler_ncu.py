@@ -17,19 +17,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.sampler_probe import probe  # noqa: E402
-from core_runner.bench.sampler_bench import bench_logits, bench_meta  # noqa: E402
+from core_runner.bench.sampler_bench import bench_top_p_case  # noqa: E402
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton  # noqa: E402
 from core_runner.sample.sampler import cut_shape  # noqa: E402
 
 
 def main() -> None:
     fused_only = "--fused-only" in sys.argv[1:]  # the cut call with the fused decide alone (no compile of the others)
-    dev = torch.device("cuda")
-    n, vocab = 1024, 151936
-    logits = bench_logits(n, vocab, dev)
-    m = bench_meta(n, dev, 0.7, 0.9)
-    out = torch.empty(n, dtype=torch.int64, device=dev)
-    paths = torch.empty(n, dtype=torch.int32, device=dev)
+    logits, m, out, paths = bench_top_p_case(torch.device("cuda"))
     calls = [lambda extra=extra: sample_with_cuts_triton(logits, m.inv_temp, m.seeds, m.positions, m.top_k, m.top_p,
                                                          m.log_min_p, out=out, paths=paths,
                                                          **dict(cut_shape(m), **extra))

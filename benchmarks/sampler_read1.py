@@ -33,7 +33,7 @@ import json
 import torch
 
 import core_runner.kernels.cut_sample_split_triton as cs
-from core_runner.bench.sampler_bench import bench_logits, bench_meta, graph_ms
+from core_runner.bench.sampler_bench import bench_top_p_case, graph_ms
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
 from core_runner.sample.sampler import cut_shape, gumbel_sample_ref
@@ -64,11 +64,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--parts", help="comma-separated names of the variants to time (default: all)")
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
-    n, vocab = 1024, 151936
-    logits = bench_logits(n, vocab, dev)
-    m = bench_meta(n, dev, 0.7, 0.9)
-    out = torch.empty(n, dtype=torch.int64, device=dev)
-    paths = torch.empty(n, dtype=torch.int32, device=dev)
+    logits, m, out, paths = bench_top_p_case(dev)
     want = gumbel_sample_ref(logits, m.inv_temp, m.seeds, m.positions,
                              top_k_top_p_threshold_ref(logits, m.inv_temp, m.top_k, m.top_p, m.log_min_p))
     res: dict = {}

@@ -131,6 +131,13 @@ def bench_meta(batch: int, dev: torch.device, temperature: float = 0.7, p: float
     return m
 
 
+def bench_top_p_case(dev: torch.device, batch: int = 1024, vocab: int = 151936):
+    """The bench's top-p case for the sampler scripts: (its logits, metadata at temperature
+    0.7 and top-p 0.9, an int64 token and an int32 path buffer of ``batch`` rows)."""
+    return (bench_logits(batch, vocab, dev), bench_meta(batch, dev, 0.7, 0.9),
+            torch.empty(batch, dtype=torch.int64, device=dev), torch.empty(batch, dtype=torch.int32, device=dev))
+
+
 def run_sampler_bench(
     device: str = "cuda", batch: int = 1024, vocab: int = 151936, temperature: float = 0.7, top_p: float = 0.9,
     iters: int = 20, warmup: int = 3, seed: int = 0, sweep: bool = False, one_program_cuts: bool = True,
