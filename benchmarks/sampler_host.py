@@ -52,6 +52,29 @@ def _host_us(fn, iters: int = 200, busy: bool = False) -> float:
     return 1e6 * dt
 
 
+def _launcher_parts(bufs: list) -> dict:
+    """Host microseconds of the pieces of one cached launch (session 11): the compiled
+    30-argument kernel run straight with its 20 pointers as tensors (the C launcher then
+    calls data_ptr() and cuPointerGetAttribute on each) or as ints, and the Python calls
+    around it."""
+    kernel = _many_args[(1,)](*bufs, *range(10), B=4, C=8)
+    torch.cuda.synchronize()
+    ints = [b.data_ptr() for b in bufs]
+    stream = torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())
+
+    def run(ptrs):
+        return lambda: kernel.run(1, 1, 1, stream, kernel.function, kernel.packed_metadata, None, None, None,
+                                  *ptrs, *range(10), 4, 8)
+    return {
+        "host_us_run_30_args_tensors": _host_us(run(bufs)),
+        "host_us_run_30_args_ints": _host_us(run(ints)),
+        "host_us_data_ptr": _host_us(lambda: bufs[0].data_ptr()),
+        "host_us_current_device": _host_us(torch.cuda.current_device),
+        "host_us_raw_stream": _host_us(lambda: torch._C._cuda_getCurrentRawStream(torch.cuda.current_device())),
+        "host_us_float_contiguous": _host_us(lambda: bufs[0].float().contiguous()),
+    }
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json")
@@ -80,6 +103,7 @@ def main(argv=None) -> dict:
         "gpu_ms_cut_back_to_back": 1e3 * _time(cut, dev, 20, 3),
         "gpu_ms_sampler_back_to_back": 1e3 * _time(lambda: sampler(logits, m), dev, 20, 3),
     }
+    res.update(_launcher_parts(bufs))
     res["gpu_ms_cut_graph_replay"] = graph_ms(cut, dev)
     cut()
     res["paths_scale4"] = {int(k): int(v) for k, v in zip(*torch.unique(paths, return_counts=True))}

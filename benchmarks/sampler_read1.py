@@ -8,9 +8,13 @@ median) of:
              2, two rounds); full_reg96: read 1's register cap 96, not 128
              (``FUSED_MAXNREG``; session 10, call 7: 0.253-0.263 ms against 0.245 at 128,
              when 96 was the default); full_dw4: the decide as a launch of its own (4 warps);
+             full_dw2 / full_dw8: that launch with 2 / 8 warps (full_dw2_w1024: with
+             decide_width 1,024); full_r1: one histogram round after read 2, not two;
              full_wide: the lists' draw on all their slots (``narrow_draw=False``);
              full_dw1024(_reg96): the entries above T moved first, the draw on 1,024 slots
-             (``decide_width``; sm90: read 1 then fits in 96 registers without spills)
+             (``decide_width``; sm90: read 1 then fits in 96 registers without spills);
+             _pdl: programmatic dependent launches (``PDL_LAUNCH``); _ahead3: read 1's loop
+             with 3 tiles in flight, not 2 (``READ1_AHEAD``)
   read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
   fused      read 1 alone with the fused decide (the rows it sends on are dropped)
   decide4    the decide as a launch of its own (4 warps) after an unfused read 1 (its
@@ -89,27 +93,48 @@ def main(argv=None) -> dict:
         return f
 
     real_fast = cs.fast
-    parts = [("full", None, {}, None), ("full_reg96", None, {}, 96), ("full_dw4", None, dict(decide_warps=4), None),
-             ("full_wide", None, dict(narrow_draw=False), None),
-             ("full_dw1024", None, dict(decide_width=1024), None),
-             ("full_dw1024_reg96", None, dict(decide_width=1024), 96),
-             ("read1", {"_read1_kernel"}, dict(decide_warps=4), None), ("fused", {"_read1_kernel"}, {}, None),
-             ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), None)]
+    w2 = dict(decide_warps=2, decide_width=1024)
+    # (name, the only kernels launched (None: all), options of the call, module settings patched for it)
+    parts = [("full", None, {}, {}), ("full_reg96", None, {}, dict(FUSED_MAXNREG=96)),
+             ("full_dw4", None, dict(decide_warps=4), {}),
+             ("full_dw2", None, dict(decide_warps=2), {}), ("full_dw8", None, dict(decide_warps=8), {}),
+             ("full_dw2_w1024", None, w2, {}),
+             ("full_r1", None, dict(rounds=1), {}),
+             ("full_pdl", None, {}, dict(PDL_LAUNCH=True)), ("full_ahead3", None, {}, dict(READ1_AHEAD=3)),
+             ("full_dw2_w1024_pdl", None, w2, dict(PDL_LAUNCH=True)),
+             ("full_dw2_w1024_ahead3", None, w2, dict(READ1_AHEAD=3)),
+             ("full_dw2_w1024_pdl_ahead3", None, w2, dict(PDL_LAUNCH=True, READ1_AHEAD=3)),
+             ("full_wide", None, dict(narrow_draw=False), {}),
+             ("full_dw1024", None, dict(decide_width=1024), {}),
+             ("full_dw1024_reg96", None, dict(decide_width=1024), dict(FUSED_MAXNREG=96)),
+             ("read1", {"_read1_kernel"}, dict(decide_warps=4), {}), ("fused", {"_read1_kernel"}, {}, {}),
+             ("read1_ahead3", {"_read1_kernel"}, dict(decide_warps=4), dict(READ1_AHEAD=3)),
+             ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), {})]
     if args.parts:
         parts = [p for p in parts if p[0] in args.parts.split(",")]
-    default_reg = cs.FUSED_MAXNREG
+    defaults = {name: getattr(cs, name) for name in ("FUSED_MAXNREG", "PDL_LAUNCH", "READ1_AHEAD", "LAUNCH_PLANS")}
     try:
         times: dict = {name: [] for name, _, _, _ in parts}
         for _rep in range(reps):  # interleaved, so that a drift of the clocks hits every variant alike
-            for name, kernels, extra, reg in parts:
+            for name, kernels, extra, patch in parts:
                 cs.fast = _only(kernels) if kernels else real_fast
-                cs.FUSED_MAXNREG = reg or default_reg
-                times[name].append(graph_ms(call(dict(base, **extra), reset=kernels is not None), dev, 10, 2))
-                if kernels is None:  # a whole call: its tokens (the graph's last replay) against the reference
-                    res[f"{name}_rows_off"] = int((out != want).sum())
-                cs.fast = real_fast
-                cs.FUSED_MAXNREG = default_reg
+                # (a plan would replay the launches the wrapper leaves out)
+                for key, v in dict(patch, LAUNCH_PLANS=kernels is None).items():
+                    setattr(cs, key, v)
+                try:
+                    times[name].append(graph_ms(call(dict(base, **extra), reset=kernels is not None), dev, 10, 2))
+                    if kernels is None:  # a whole call: its tokens (the graph's last replay) against the reference
+                        res[f"{name}_rows_off"] = int((out != want).sum())
+                except Exception as e:  # (one variant failing to compile or run leaves the others their figures)
+                    res[f"{name}_error"] = repr(e)[:500]
+                    print(f"  {name}: {res[f'{name}_error']}", flush=True)
+                finally:
+                    cs.fast = real_fast
+                    for key, v in defaults.items():
+                        setattr(cs, key, v)
         for name, ts in times.items():
+            if not ts:
+                continue
             res[name] = dict(min=min(ts), median=sorted(ts)[len(ts) // 2], all=ts)
             off = res.get(f"{name}_rows_off")
             print(f"  {name}: min {min(ts):.4f} ms, median {res[name]['median']:.4f} ms"
@@ -127,7 +152,8 @@ def main(argv=None) -> dict:
             print(f"  {key}: graph {res[key]['gpu_ms_graph']:.4f} ms, paths {kinds}, rows off {off}", flush=True)
     finally:
         cs.fast = real_fast
-        cs.FUSED_MAXNREG = default_reg
+        for key, v in defaults.items():
+            setattr(cs, key, v)
         cs.split_workspace = real_ws
     if args.json:
         with open(args.json, "w") as f:

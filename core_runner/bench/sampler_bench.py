@@ -33,10 +33,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time(fn: Callable[[], object], device: torch.device, iters: int, warmup: int) -> float:
+def _time(fn: Callable[[], object], device: torch.device, iters: int, warmup: int, log: list | None = None) -> float:
     """Median seconds per call. On CUDA: device time, CUDA events around ``iters``
     back-to-back calls (so the host's launch work overlaps the previous call, as in the
-    engine's asynchronous loop), median of five such rounds."""
+    engine's asynchronous loop), median of five such rounds. ``log`` receives each round's
+    (device ms, host ms to issue its calls) per call: host >= device means the GPU waited."""
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -45,11 +46,15 @@ def _time(fn: Callable[[], object], device: torch.device, iters: int, warmup: in
         for _ in range(5):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
+            t = time.perf_counter()
             for _ in range(iters):
                 fn()
+            t = time.perf_counter() - t
             b.record()
             b.synchronize()
             rounds.append(a.elapsed_time(b) / 1e3 / iters)
+            if log is not None:
+                log.append((round(1e3 * rounds[-1], 4), round(1e3 * t / iters, 4)))
         return statistics.median(rounds)
     return _wall(fn, device, iters)
 
@@ -162,9 +167,9 @@ def run_sampler_bench(
         "torch_softmax_multinomial": lambda: torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1),
         "copy": lambda: dst.copy_(logits),
     }
-    secs = {}
+    secs, rounds = {}, {}
     for k, f in fns.items():
-        secs[k] = _time(f, dev, iters, warmup)
+        secs[k] = _time(f, dev, iters, warmup, rounds.setdefault(k, []))
         print(f"  {k}: {1e3 * secs[k]:.3f} ms", flush=True)
     # the same two with a sync after every call (the figures of sessions 1-3 were taken so)
     wall = {k: 1e3 * _wall(fns[k], dev, iters) for k in ("top_p", "copy")} if dev.type == "cuda" else None
@@ -187,6 +192,8 @@ def run_sampler_bench(
         "timing": "cuda events, back-to-back calls" if dev.type == "cuda" else "wall, sync per call",
         "wall_sync_each_ms": wall,
         "top_p_host_issue_ms": 1e3 * _host(fns["top_p"], dev, iters),
+        "rounds_device_host_ms": rounds if dev.type == "cuda" else None,
+        "top_p_graph_ms": graph_ms(fns["top_p"], dev) if dev.type == "cuda" else None,
     }
     if sampler.use_triton and sweep:
         res["tile_sweep_ms"] = _tile_sweep(logits, top_p_meta, dev, iters, warmup)
@@ -317,6 +324,9 @@ def format_sampler_result(r: dict) -> str:
         lines.append(line)
     if r.get("top_p_host_issue_ms") is not None:
         lines.append(f"  host time to issue one top-p call: {r['top_p_host_issue_ms']:.3f} ms")
+    if r.get("top_p_graph_ms") is not None:
+        lines.append(f"  top-p from a CUDA graph: {r['top_p_graph_ms']:.3f} ms; rounds (device, host ms a call): "
+                     f"{r['rounds_device_host_ms']['top_p']}")
     if r.get("top_p_launches_ms"):
         lines.append("  top-p launches (ms): " + ", ".join(f"{k} {v:.3f}" for k, v in r["top_p_launches_ms"].items()))
     if r.get("tile_sweep_ms"):

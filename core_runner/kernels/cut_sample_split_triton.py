@@ -55,7 +55,10 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import lane_floor
+from core_runner.kernels import fast_launch
 from core_runner.kernels.fast_launch import fast
+from core_runner.kernels.grid_dependency import grid_dependency, pdl_supported
+from core_runner.kernels.launch_plan import LaunchPlan, hooks_set, record
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
 from core_runner.kernels.scatter_store import scatter_store
 from core_runner.kernels.split_finish_triton import _DONE, _ONE_PROGRAM, _READ2, _lane_maxima
@@ -80,6 +83,13 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # 8), but a cap of 96 spills ~400 bytes in the decide and was slower on the H200: graph
 # 0.253-0.263 ms against 0.245 at 128 (benchmarks/RESULTS.md, session 10)
 FUSED_MAXNREG = 128
+# tiles in flight ahead of the one being processed in read 1's lists loop (2 or 3)
+READ1_AHEAD = 2
+# programmatic dependent launches (``grid_dependency``) for every launch of a call, where the device has them
+# (sm90+, not the interpreter)
+PDL_LAUNCH = False
+# replay a call's launches from the workspace's launch plan (``launch_plan``) once recorded
+LAUNCH_PLANS = True
 
 
 @triton.jit
@@ -141,11 +151,12 @@ def _read1_part(row, hi, inv_t, k1, k2, i, s, lo, part_tok_ptr, part_f_ptr, part
 @triton.jit
 def _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr, lx_ptr,
                       li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK: tl.constexpr, NTP: tl.constexpr,
-                      DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ASM: tl.constexpr):
+                      DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ASM: tl.constexpr,
+                      AHEAD: tl.constexpr):
     """Read 1 of program (i, s) on a nucleus-first row with lane lists: the statistics of
     ``_read1_part`` (no draw: the part token is lo, a valid column, which the decide
     does not combine) and the part's list (``lane_lists_triton``)."""
-    a1, i1, a2, i2, _bound, b, nf, m, zl, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX)
+    a1, i1, a2, i2, _bound, b, nf, m, zl, tmax = lane_lists_pass(row, lo, hi, inv_t, BLOCK, NTP, DEPTH, TMAX, AHEAD)
     at = (i * n_parts + s).to(tl.int64)
     zs = store_lane_list(a1, i1, a2, i2, b, zl, lx_ptr + at * LIST, li_ptr + at * LIST, ln_ptr + at,
                          lb_ptr + at, DEPTH, LIST, ASM)
@@ -159,7 +170,8 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                   out_ptr, path_ptr, work_ptr, brk_ptr, ticket_ptr, vocab, part, n_parts, n_tiles,
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, NTP: tl.constexpr, ROWS: tl.constexpr,
                   DEPTH: tl.constexpr, LIST: tl.constexpr, TMAX: tl.constexpr, ALL: tl.constexpr, FUSE: tl.constexpr,
-                  P: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr, DW: tl.constexpr):
+                  P: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr, DW: tl.constexpr,
+                  AHEAD: tl.constexpr = 2, PDL: tl.constexpr = False):
     """ROWS 0: every row (draw first). Nucleus first launches it twice: ROWS 1 for the
     top-p-alone rows (statistics only: no draw code compiled in, so few registers) and
     ROWS 2 for the others (draw or argmax). ALL (the caller's promise that every row is
@@ -167,7 +179,9 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
     token -1 (path 9) in the decide launch. FUSE (with ALL): no decide launch; the last
     program of a row to finish read 1 (a ticket per row, taken after a barrier with an
     acquire-release atomic, so the other parts' stores are visible to it) decides the
-    row and puts the ticket back to 0."""
+    row and puts the ticket back to 0. AHEAD: tiles in flight in the lists' loop; PDL:
+    launched as a programmatic dependent launch (``grid_dependency``)."""
+    grid_dependency(PDL)
     i, s, row, lo, hi, inv_t = row_part(logits_ptr, s_row, inv_t_ptr, vocab, part, True)
     nucleus = False
     if ROWS != 0:
@@ -177,7 +191,7 @@ def _read1_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
             if DEPTH > 0:
                 _read1_lists_part(row, hi, inv_t, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
                                   lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, n_tiles, BLOCK, NTP, DEPTH, LIST, TMAX,
-                                  ASM)
+                                  ASM, AHEAD)
             else:
                 _read1_part(row, hi, inv_t, 0, 0, i, s, lo, part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, tmax_ptr,
                             n_parts, n_tiles, FAST_LOG, BLOCK, NTP, False, ASM)
@@ -206,7 +220,8 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, t
                    brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG: tl.constexpr,
                    BLOCK: tl.constexpr, P: tl.constexpr, NF: tl.constexpr, DEPTH: tl.constexpr, LIST: tl.constexpr,
                    ALL: tl.constexpr, NPV: tl.constexpr, NARROW: tl.constexpr, ASM: tl.constexpr,
-                   DW: tl.constexpr):
+                   DW: tl.constexpr, PDL: tl.constexpr = False):
+    grid_dependency(PDL)
     _decide_row(tl.program_id(0), logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, top_p_ptr, lmp_ptr,
                 part_tok_ptr, part_f_ptr, part_nf_ptr, a1_ptr, row_f_ptr, row_i_ptr, out_ptr, path_ptr, work_ptr,
                 brk_ptr, lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, vocab, FAST_LOG, BLOCK, P, NF, DEPTH, LIST, ALL, NPV,
@@ -374,22 +389,52 @@ def sample_with_cuts_split(
 def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
             search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds,
             round_maxnreg, decide_warps, narrow_draw, decide_width):
-    """The launches of ``sample_with_cuts_split`` on its workspace."""
+    """The launches of ``sample_with_cuts_split`` on its workspace: replayed from the
+    workspace's launch plan for this key when it has one (``launch_plan``; LAUNCH_PLANS),
+    else issued through ``fast_launch`` (and recorded into a plan)."""
+    dev = logits.device
+    inputs = (logits, inv, sd, pos, k, p, lmp, out, paths)
+    ptrs = [t.data_ptr() for t in inputs]
+    asm = ASM_STORES if ASM_STORES is not None else dev.type == "cuda" and not _INTERPRET
+    pdl = PDL_LAUNCH and pdl_supported(dev)
+    # what fixes every launch's specialisation (``fast_launch``): the workspace (its views'
+    # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
+    ck = (id(ws), ws.rows, asm, FUSED_MAXNREG, READ1_AHEAD, pdl, logits.dtype, logits.stride(0), vocab, part,
+          use_fast_log(dev), block, cap, search_block, num_pivots, num_warps, nucleus_first, lists, list_slots,
+          tile_max, all_top_p, rounds, round_maxnreg, decide_warps, narrow_draw, decide_width, chunk_cols(block),
+          *(t.dtype for t in (sd, pos, out, paths)), *(a % 16 for a in ptrs))
+    planned = (LAUNCH_PLANS and marks is None and fast_launch.ENABLED and dev.type == "cuda" and not _INTERPRET
+               and not hooks_set())
+    if not planned:
+        return _issue(ck, asm, pdl, inputs, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block, search_block,
+                      num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds,
+                      round_maxnreg, decide_warps, narrow_draw, decide_width)
+    key = (ck, logits.shape[0])
+    plan = ws.plans.get(key)
+    if plan is not None:
+        return plan.replay(ptrs, fast_launch._stream())
+    with record() as steps:
+        n_launches = _issue(ck, asm, pdl, inputs, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
+                            search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max,
+                            all_top_p, rounds, round_maxnreg, decide_warps, narrow_draw, decide_width)
+    if len(steps) == n_launches and all(kernel is not None for kernel, _, _ in steps):
+        ws.plans[key] = LaunchPlan(steps, inputs)
+
+
+def _issue(ck, asm, pdl, inputs, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block, search_block, num_pivots,
+           num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg,
+           decide_warps, narrow_draw, decide_width) -> int:
+    """The launches through ``fast_launch`` (under the key ck); returns how many were made."""
+    logits, inv, sd, pos, k, p, lmp, out, paths = inputs
     n = logits.shape[0]
     dev = logits.device
     part_tok, part_f, part_nf, a_chunks, a1, tmax = ws.part_tok, ws.part_f, ws.part_nf, ws.a_chunks, ws.a1, ws.tmax
     row_f, row_i, n_c, cand_x, cand_i = ws.row_f, ws.row_i, ws.n_c, ws.cand_x, ws.cand_i
     lx, li, ln, lb = ws.lx, ws.li, ws.ln, ws.lb
     fast_log = use_fast_log(dev)
-    asm = ASM_STORES if ASM_STORES is not None else dev.type == "cuda" and not _INTERPRET
     row_warps = max(num_warps, 4)  # the per-row launches sort and search: not fewer than 4 warps
+    pdl_opt = {"launch_pdl": True} if pdl else {}
     s_row = logits.stride(0)
-    # what fixes every launch's specialisation (``fast_launch``): the workspace (its views'
-    # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
-    ck = (id(ws), ws.rows, asm, FUSED_MAXNREG, logits.dtype, s_row, vocab, part, fast_log, block, cap, search_block,
-          num_pivots, num_warps, nucleus_first, lists, list_slots, tile_max, all_top_p, rounds, round_maxnreg,
-          decide_warps, narrow_draw, decide_width, chunk_cols(block), *(t.dtype for t in (sd, pos, out, paths)),
-          *(t.data_ptr() % 16 for t in (logits, inv, sd, pos, k, p, lmp, out, paths)))
     _mark(marks, "start")
     read1 = [(0, "read1")] if not nucleus_first else [(1, "read1"), (2, "read1_draw")][:1 if all_top_p else 2]
     narrow = list_slots if narrow_draw else 0
@@ -400,15 +445,15 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             out, paths, ws.work[0], ws.brk, ws.ticket, vocab, part, n_parts, n_tiles, FAST_LOG=fast_log, BLOCK=block,
             NTP=ntp, ROWS=rows, DEPTH=lists if rows == 1 else 0, LIST=list_slots, TMAX=tile_max or not lists,
             ALL=all_top_p, FUSE=fuse, P=pp, NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, DW=decide_width,
-            num_warps=num_warps, _key=(ck, rows),
-            **({"maxnreg": FUSED_MAXNREG} if fuse else {}))
+            AHEAD=READ1_AHEAD, PDL=pdl, num_warps=num_warps, _key=(ck, rows),
+            **({"maxnreg": FUSED_MAXNREG} if fuse else {}), **pdl_opt)
         _mark(marks, name)
     if not fuse:
         fast(_decide_kernel)[(n,)](logits, s_row, inv, sd, pos, k, p, lmp, part_tok, part_f, part_nf, a1, row_f, row_i,
                                    out, paths, ws.work[0], ws.brk, lx, li, ln, lb, n_parts, vocab, FAST_LOG=fast_log,
                                    BLOCK=block, P=pp, NF=nucleus_first, DEPTH=lists, LIST=list_slots, ALL=all_top_p,
-                                   NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, DW=decide_width,
-                                   num_warps=decide_warps or row_warps, _key=ck)
+                                   NPV=HIST_PIVOTS, NARROW=narrow, ASM=asm, DW=decide_width, PDL=pdl,
+                                   num_warps=decide_warps or row_warps, _key=ck, **pdl_opt)
         _mark(marks, "decide")
     n_chunks = a_chunks.shape[1]
     grid = (read2_grid(dev, n, n_chunks),)
@@ -419,9 +464,10 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
             FAST_LOG=fast_log, BLOCK=block, CAP=cap, SBLOCK=search_block, NP=num_pivots,
             NCP=triton.next_power_of_2(n_chunks), SCAND=min(64, cap), SCAND2=min(256, cap), CHUNK=chunk_cols(block),
             CT=chunk_cols(block) // block, TMAX=tile_max or not lists, NPV=HIST_PIVOTS,
-            FIRST=r == 0, LAST=r == rounds, ASM=asm, OTHER=not all_top_p, num_warps=row_warps, _key=(ck, r),
-            **({"maxnreg": round_maxnreg} if round_maxnreg else {}))
+            FIRST=r == 0, LAST=r == rounds, ASM=asm, OTHER=not all_top_p, PDL=pdl, num_warps=row_warps,
+            _key=(ck, r), **({"maxnreg": round_maxnreg} if round_maxnreg else {}), **pdl_opt)
         _mark(marks, "read2" if r == 0 else f"round{r}")
+    return len(read1) + (not fuse) + rounds + 1
 
 
 def _mark(marks: list | None, name: str) -> None:

@@ -49,6 +49,8 @@ def _spec(v):
 
 
 _CUDA = torch.cuda.is_available()
+# a list while ``launch_plan.record`` runs: every launch appends (compiled kernel or None, grid, arguments)
+RECORDER: list | None = None
 
 
 def _device() -> int:
@@ -74,6 +76,8 @@ class FastLaunch:
         on = ENABLED if self.enabled is None else self.enabled
         caller_key = kwargs.pop("_key", None)
         if not on or not hasattr(self.fn, "params"):  # off, or the interpreter's kernel
+            if RECORDER is not None:
+                RECORDER.append((None, grid, args))
             return self.fn[grid](*args, **kwargs)
         if not self.names:
             self.names = list(self.fn.arg_names)
@@ -92,8 +96,12 @@ class FastLaunch:
             kernel = self.fn[grid](*args, **kwargs)  # compiles (or finds) and launches
             if kernel is not None and hasattr(kernel, "run"):
                 self.cache[key] = kernel
+            if RECORDER is not None:
+                RECORDER.append((kernel if hasattr(kernel, "run") else None, tuple(grid) + (1, 1), full))
             return kernel
         g = tuple(grid) + (1, 1)
+        if RECORDER is not None:
+            RECORDER.append((kernel, g, full))
         stream = _stream()
         kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
                    kernel.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,

@@ -66,11 +66,12 @@ def _lane_update(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH: tl.constexpr):
 
 
 @triton.jit
-def _lane_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, TMAX: tl.constexpr):
+def _lane_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr, TMAX: tl.constexpr,
+               AHEAD: tl.constexpr):
     """The loop of ``lane_lists_pass`` (c = inv_t * log2(e)). The full tiles are
     read without a mask (so the loads are 16-byte vectors: no per-token address and mask
-    work), each two tiles ahead (the last full tile is read again past the end, never
-    beyond hi); the partial tile, if any, is read once after the loop, masked."""
+    work), each AHEAD (2 or 3) tiles ahead (the last full tile is read again past the end,
+    never beyond hi); the partial tile, if any, is read once after the loop, masked."""
     lanes = tl.arange(0, BLOCK)
     a1 = tl.full([BLOCK], -float("inf"), tl.float32)
     a2 = tl.full([BLOCK], -float("inf"), tl.float32)
@@ -88,10 +89,17 @@ def _lane_loop(row, lo, hi, c, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.
     any_full = lanes < n_full * BLOCK  # all or none (a tensor: the interpreter takes no scalar mask)
     nxt = tl.load(base, mask=any_full, other=-float("inf"))
     nxt2 = tl.load(base + tl.minimum(1, last) * BLOCK, mask=any_full, other=-float("inf"))
+    nxt3 = nxt2
+    if AHEAD == 3:
+        nxt3 = tl.load(base + tl.minimum(2, last) * BLOCK, mask=any_full, other=-float("inf"))
     for j in tl.range(0, n_full, num_stages=1, loop_unroll_factor=2):
         x = nxt.to(tl.float32)
         nxt = nxt2
-        nxt2 = tl.load(base + tl.minimum(j + 2, last) * BLOCK)
+        if AHEAD == 3:
+            nxt2 = nxt3
+            nxt3 = tl.load(base + tl.minimum(j + 3, last) * BLOCK)
+        else:
+            nxt2 = tl.load(base + tl.minimum(j + 2, last) * BLOCK)
         a1, i1, a2, i2, a3, zl = _lane_update(x, j, a1, i1, a2, i2, a3, zl, c, DEPTH)
         if TMAX:
             tmax = tl.where(tiles == j, tl.max(x, axis=0), tmax)
@@ -111,7 +119,7 @@ def _max_max_add(a, b, c, d, e, f):
 
 @triton.jit
 def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, DEPTH: tl.constexpr,
-                    TMAX: tl.constexpr):
+                    TMAX: tl.constexpr, AHEAD: tl.constexpr = 2):
     """One read of the columns [lo, hi) (lo a multiple of BLOCK) of x = logit * inv_t:
     (a1, i1, a2, i2, bound per lane, the part's bound b (the largest), lanes holding a
     finite x, max m, each lane's mass relative to m (Z = their sum), tile maxima [NT]).
@@ -126,7 +134,8 @@ def lane_lists_pass(row, lo, hi, inv_t, BLOCK: tl.constexpr, NT: tl.constexpr, D
     come out of one reduction: each reduction across the program's warps is a round
     through shared memory with barriers, and the epilogue's eight (with the lists' store)
     held ~19% of read 1's warp time (H200, session 10, Nsight Compute's stall samples)."""
-    a1, i1, a2, i2, a3, zl, tmax = _lane_loop(row, lo, hi, inv_t * 1.4426950408889634, BLOCK, NT, DEPTH, TMAX)
+    a1, i1, a2, i2, a3, zl, tmax = _lane_loop(row, lo, hi, inv_t * 1.4426950408889634, BLOCK, NT, DEPTH, TMAX,
+                                              AHEAD)
     a1 = a1 * inv_t  # (-inf stays)
     a2 = a2 * inv_t
     a3 = a3 * inv_t

@@ -21,6 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from core_runner.kernels.grid_dependency import grid_dependency
 from core_runner.kernels.gumbel_sample import row_keys
 from core_runner.kernels.scatter_store import scatter_store
 from core_runner.kernels.split_finish_triton import _ONE_PROGRAM, _finish_round, _finish_row
@@ -60,13 +61,16 @@ def _round_kernel(logits_ptr, s_row, inv_t_ptr, seed_ptr, pos_ptr, top_k_ptr, to
                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, CAP: tl.constexpr, SBLOCK: tl.constexpr,
                   NP: tl.constexpr, NCP: tl.constexpr, SCAND: tl.constexpr, SCAND2: tl.constexpr,
                   CHUNK: tl.constexpr, CT: tl.constexpr, TMAX: tl.constexpr, NPV: tl.constexpr,
-                  FIRST: tl.constexpr, LAST: tl.constexpr, ASM: tl.constexpr, OTHER: tl.constexpr):
+                  FIRST: tl.constexpr, LAST: tl.constexpr, ASM: tl.constexpr, OTHER: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """Program q of the fixed grid takes the work items q, q + grid, ... of its list
     (module docstring). FIRST: read 2 (rows ``_READ2``, ``_ONE_PROGRAM``); else a
     histogram round (rows ``_SEARCH``, ``_GATHER``: ``split_rounds_triton``). Rows that
     go on are put on next_ptr's list; LAST: none (a row still searching takes the
     one-program search). OTHER: rows with other cuts (state ``_ONE_PROGRAM``) may be on
-    the list (False with ``all_top_p``: their path is not compiled)."""
+    the list (False with ``all_top_p``: their path is not compiled). PDL: launched as a
+    programmatic dependent launch (``grid_dependency``)."""
+    grid_dependency(PDL)
     n_rows = tl.load(work_ptr)
     for w in range(tl.program_id(0), n_rows * n_chunks, tl.num_programs(0)):
         r = w // n_chunks

@@ -61,6 +61,7 @@ class SplitWorkspace:
         self.li = torch.empty((rows, n_parts, slots), dtype=i32, device=dev)
         self.ln = torch.empty((rows, n_parts), dtype=i32, device=dev)
         self.lb = torch.empty((rows, n_parts), dtype=f32, device=dev)
+        self.plans: dict = {}  # launch plans of the calls on these buffers (``launch_plan``), by their key
 
 
 def _key(dev: torch.device, *shape: int) -> tuple:

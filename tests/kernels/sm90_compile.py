@@ -42,7 +42,7 @@ def _compile_launch(fn: JITFunction, args: tuple, kwargs: dict) -> str:
     names = fn.arg_names
     bound = dict(zip(names, args))
     bound.update({k: v for k, v in kwargs.items() if k in names})
-    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages", "maxnreg")}
+    options = {k: v for k, v in kwargs.items() if k in ("num_warps", "num_stages", "maxnreg", "launch_pdl")}
     sig, const, attrs = {}, {}, {}
     for i, (name, param) in enumerate(zip(names, fn.params)):
         value = bound.get(name, param.default)
@@ -132,6 +132,18 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
     # the Sampler's top-p-only batches: read 1 with the fused decide
     cases["cut_sampler_all_top_p"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **CUT_SHAPE,
                                                                      all_top_p=True)
+    def pdl_ahead3():  # programmatic dependent launches, read 1 three tiles ahead, the decide of 2 warps on 1,024
+        import core_runner.kernels.cut_sample_split_triton as cs
+
+        saved = cs.PDL_LAUNCH, cs.READ1_AHEAD, cs.pdl_supported
+        cs.PDL_LAUNCH, cs.READ1_AHEAD, cs.pdl_supported = True, 3, lambda dev: True
+        try:
+            sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **dict(CUT_SHAPE, decide_warps=2, decide_width=1024),
+                                    all_top_p=True)
+        finally:
+            cs.PDL_LAUNCH, cs.READ1_AHEAD, cs.pdl_supported = saved
+
+    cases["cut_sampler_pdl_ahead3"] = pdl_ahead3
     cases["cut_s8_b512_w1_nucleus_first"] = lambda: sample_with_cuts_triton(
         x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, nucleus_first=True)
     from core_runner.bench.sampler_bench import SWEEP_SHAPES

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import core_runner.kernels.cut_sample_split_triton as cs
 from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
 from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
 from core_runner.sample.sampler import gumbel_sample_ref
@@ -435,11 +436,12 @@ def test_lane_lists_options_are_checked():
         sample_with_cuts_triton(*args, split=2, block=16, nucleus_first=True, lists=2, list_slots=24)
 
 
-def test_all_top_p_leaves_out_the_other_rows_draw(device):
+def test_all_top_p_leaves_out_the_other_rows_draw(device, monkeypatch):
     """``all_top_p`` (every row promised top-p alone): one read-1 launch, the reference's
     tokens (the same with the decide in a launch of its own, ``decide_warps``, with the
-    lists' draw on all their slots, ``narrow_draw``, and with the entries above T moved
-    first, ``decide_width``: a row with more of them than its slots goes on to read 2); a row
+    lists' draw on all their slots, ``narrow_draw``, with the entries above T moved
+    first, ``decide_width``: a row with more of them than its slots goes on to read 2, and
+    with read 1 three tiles ahead and programmatic dependent launches); a row
     that breaks the promise (greedy, no cut, top-k) gets token -1 and path 9 and the others
     keep their tokens."""
     args = list(_long_top_p_rows(8))
@@ -454,6 +456,11 @@ def test_all_top_p_leaves_out_the_other_rows_draw(device):
     assert torch.equal(got4, got) and torch.equal(paths4, paths)
     got5, paths5 = _run(device, *args, **kw, decide_width=8)  # rows with more than 8 go on to read 2
     assert torch.equal(got5, got) and (paths5 == 7).sum() > (paths == 7).sum(), (paths5, paths)
+    monkeypatch.setattr(cs, "READ1_AHEAD", 3)  # read 1's loop with three tiles in flight
+    monkeypatch.setattr(cs, "PDL_LAUNCH", True)  # programmatic dependent launches (on CUDA sm90+; else none)
+    got6, paths6 = _run(device, *args, **kw)
+    assert torch.equal(got6, got) and torch.equal(paths6, paths)
+    monkeypatch.undo()
     with pytest.raises(ValueError, match="decide_width=24: 0 .all the list slots. or a power of 2"):
         _run(device, *args, **kw, decide_width=24)
     with pytest.raises(ValueError, match="decide_warps=3: 0 .fused into read 1. or a power of 2 up to 16"):
