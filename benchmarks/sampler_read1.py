@@ -18,7 +18,11 @@ median) of:
   read1      read 1 alone, not fused (lists pass, list and part stores; no decide)
   fused      read 1 alone with the fused decide (the rows it sends on are dropped)
   decide4    the decide as a launch of its own (4 warps) after an unfused read 1 (its
-             time is the pair's minus read1's)
+             time is the pair's minus read1's); decide2: the Sampler's (2 warps, 1,024 slots)
+
+Session 11 made the Sampler's shape the decide of its own launch on 2 warps and 1,024
+slots with programmatic dependent launches; full_fused is the earlier shape (the decide
+fused into read 1), full_nopdl the Sampler's without PDL.
 
 (the launches left out are skipped by wrapping ``fast``; the work list counters they
 would put back are zeroed by a torch op in the graph, timed alone as ``reset``); with
@@ -107,7 +111,11 @@ def main(argv=None) -> dict:
              ("full_wide", None, dict(narrow_draw=False), {}),
              ("full_dw1024", None, dict(decide_width=1024), {}),
              ("full_dw1024_reg96", None, dict(decide_width=1024), dict(FUSED_MAXNREG=96)),
-             ("read1", {"_read1_kernel"}, dict(decide_warps=4), {}), ("fused", {"_read1_kernel"}, {}, {}),
+             ("full_fused", None, dict(decide_warps=0, decide_width=0), {}),
+             ("full_nopdl", None, {}, dict(PDL_LAUNCH=False)),
+             ("read1", {"_read1_kernel"}, dict(decide_warps=4), {}),
+             ("fused", {"_read1_kernel"}, dict(decide_warps=0, decide_width=0), {}),
+             ("decide2", {"_read1_kernel", "_decide_kernel"}, {}, {}),
              ("read1_ahead3", {"_read1_kernel"}, dict(decide_warps=4), dict(READ1_AHEAD=3)),
              ("decide4", {"_read1_kernel", "_decide_kernel"}, dict(decide_warps=4), {})]
     if args.parts:

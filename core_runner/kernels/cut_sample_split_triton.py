@@ -86,8 +86,9 @@ FUSED_MAXNREG = 128
 # tiles in flight ahead of the one being processed in read 1's lists loop (2 or 3)
 READ1_AHEAD = 2
 # programmatic dependent launches (``grid_dependency``) for every launch of a call, where the device has them
-# (sm90+, not the interpreter)
-PDL_LAUNCH = False
+# (sm90+, not the interpreter): each launch's programs wait on the SMs for the one before, which hides the launch
+# latencies between the short launches after read 1 (H200, session 11: graph 0.2186 against 0.2201 ms)
+PDL_LAUNCH = True
 # replay a call's launches from the workspace's launch plan (``launch_plan``) once recorded
 LAUNCH_PLANS = True
 

@@ -62,6 +62,12 @@ def _stream() -> int:
     return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()) if _CUDA else 0
 
 
+def hook_set(hook) -> bool:
+    """A triton launch hook is set: triton 3.5+ holds them in HookChain objects (empty when
+    none is set), older ones in a plain attribute (None when none is)."""
+    return hook is not None and bool(getattr(hook, "calls", True))
+
+
 class FastLaunch:
     def __init__(self, fn):
         self.fn = fn
@@ -103,9 +109,12 @@ class FastLaunch:
         if RECORDER is not None:
             RECORDER.append((kernel, g, full))
         stream = _stream()
-        kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
-                   kernel.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,
-                   knobs.runtime.launch_exit_hook, *full)
+        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
+        if hook_set(enter) or hook_set(leave):
+            kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
+                       kernel.launch_metadata(grid, stream, *full), enter, leave, *full)
+        else:  # (no hook: no launch metadata to gather, and the launcher calls none)
+            kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None, *full)
         return kernel
 
 

@@ -270,23 +270,33 @@ def _draw_in_nucleus(x, w, ci_at, valid, m, target, big_t, k1, k2, sx_ptr, si_pt
 
 @triton.jit
 def _gather_above(lx_ptr, li_ptr, ln_ptr, n_parts, big_t, m, LIST: tl.constexpr, DW: tl.constexpr,
-                  ASM: tl.constexpr):
+                  P: tl.constexpr, ASM: tl.constexpr):
     """The lists' entries > big_t moved to the front of the row's lists (part by part, in
     order; at most DW kept): (their number, their mass sum exp(x - m)). In place: the
     entries of parts 0..s fill at most the slots of parts 0..s (no part holds more than
-    LIST), and a part's entries are in registers before any slot is written."""
+    LIST), and a part's entries are in registers before any slot is written. So the next
+    part's values and columns are loaded before this part's are written (one load round
+    trip a part, overlapped with the part before: the loop is a chain of n_parts steps,
+    and the decide's time is its latency); the counts come in one load before the loop."""
     offs = tl.arange(0, LIST)
+    parts = tl.arange(0, P)
+    counts = tl.load(ln_ptr + parts, mask=parts < n_parts, other=0)
     n = tl.zeros([], tl.int32)
     mass = tl.zeros([], tl.float32)
+    held = offs < tl.sum(tl.where(parts == 0, counts, 0), axis=0)
+    x_next = tl.load(lx_ptr + offs, mask=held, other=-float("inf"))
+    ci_next = tl.load(li_ptr + offs, mask=held, other=0)
     for s in range(0, n_parts):
-        c = tl.load(ln_ptr + s)
-        x = tl.load(lx_ptr + s * LIST + offs, mask=offs < c, other=-float("inf"))
+        x = x_next
+        ci = ci_next
+        held = offs < tl.sum(tl.where(parts == s + 1, counts, 0), axis=0)  # (none past the last part)
+        x_next = tl.load(lx_ptr + (s + 1) * LIST + offs, mask=held, other=-float("inf"))
+        ci_next = tl.load(li_ptr + (s + 1) * LIST + offs, mask=held, other=0)
         sel = x > big_t
         at = n + tl.cumsum(sel.to(tl.int32), axis=0) - 1
         keep = sel & (at < DW)
-        ci = tl.load(li_ptr + s * LIST + offs, mask=keep, other=0)
         k, w = tl.reduce((sel.to(tl.int32), tl.where(sel, tl.exp(x - m), 0.0)), 0, _add_pair)
-        tl.debug_barrier()  # the part's loads (every lane's) before its slots may be written
+        tl.debug_barrier()  # the part's loads and the next one's (every lane's) before its slots may be written
         scatter_store(lx_ptr + at, x, keep, ASM)
         scatter_store(li_ptr + at, ci, keep, ASM)
         n += k
@@ -330,7 +340,7 @@ def nucleus_from_lists(lx_ptr, li_ptr, ln_ptr, lb_ptr, n_parts, m, z, p, k1, k2,
         big_t = tl.max(tl.load(lb_ptr + parts, mask=has, other=-float("inf")), axis=0)
         ok = tl.max(tl.load(ln_ptr + parts, mask=has, other=0), axis=0) <= LIST
         if ok:
-            n, mass = _gather_above(lx_ptr, li_ptr, ln_ptr, n_parts, big_t, m, LIST, DW, ASM)
+            n, mass = _gather_above(lx_ptr, li_ptr, ln_ptr, n_parts, big_t, m, LIST, DW, P, ASM)
             ok = (n <= DW) & (mass >= target)
             if ok:
                 o = tl.arange(0, DW)

@@ -39,7 +39,10 @@ class record:
 
 
 def hooks_set() -> bool:
-    return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+    """Triton has a launch hook set (a profiler's, say): triton 3.5+ keeps them in HookChain
+    objects, which are there, empty, when none is set; older ones keep None."""
+    return fast_launch.hook_set(knobs.runtime.launch_enter_hook) or fast_launch.hook_set(
+        knobs.runtime.launch_exit_hook)
 
 
 class LaunchPlan:

@@ -76,3 +76,25 @@ def test_split_sampler_replays_its_plan():
 
     assert len(plans) <= 1  # (none when an earlier test recorded this key's plan)
     assert any(ws.plans for ws in _CACHE.values())
+
+
+def test_launch_hooks_are_seen_set_only_when_one_is():
+    """Plans replay without hooks, so they are used only while triton has none: its hook
+    chains (triton 3.5+) exist, empty, when no hook is set."""
+    from triton import knobs
+
+    from core_runner.kernels.launch_plan import hooks_set
+
+    assert not hooks_set()
+    chain = knobs.runtime.launch_enter_hook
+    if not hasattr(chain, "add"):  # (an older triton: a plain attribute)
+        pytest.skip("this triton keeps launch hooks in a plain attribute")
+
+    def hook(metadata):
+        return None
+    chain.add(hook)
+    try:
+        assert hooks_set()
+    finally:
+        chain.remove(hook)
+    assert not hooks_set()
