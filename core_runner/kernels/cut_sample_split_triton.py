@@ -2,7 +2,11 @@
 ``sample_with_cuts_triton``): the same tokens as the one-program-per-row kernel of
 ``cut_sample_triton.py`` (whose docstring holds the definitions and the arguments), in
 3 + ``rounds`` launches (4 + rounds with nucleus first, 2 + rounds when every row is top-p
-alone with lane lists: the decide then runs at the end of read 1) and no host read.
+alone with lane lists and ``decide_warps`` 0: the decide then runs at the end of read 1;
+the Sampler's shape keeps it a launch of its own, which measured faster since session 11)
+and no host read. On sm90+ the launches are programmatic dependent launches
+(``PDL_LAUNCH``, ``grid_dependency``), and a call's launches are replayed from a launch
+plan kept on the workspace (``LAUNCH_PLANS``, ``launch_plan``).
 
 1. ``_read1_kernel`` (S x rows, a row's programs one after another; twice with nucleus
    first): every program draws over its part of the row (whole tiles) and keeps the
@@ -397,7 +401,8 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
     inputs = (logits, inv, sd, pos, k, p, lmp, out, paths)
     ptrs = [t.data_ptr() for t in inputs]
     asm = ASM_STORES if ASM_STORES is not None else dev.type == "cuda" and not _INTERPRET
-    pdl = PDL_LAUNCH and pdl_supported(dev)
+    # (not with per-launch events: a launch that starts before the one ahead of it ends would blur them)
+    pdl = PDL_LAUNCH and marks is None and pdl_supported(dev)
     # what fixes every launch's specialisation (``fast_launch``): the workspace (its views'
     # alignment follows its rows), shapes, options, and the inputs' dtypes and alignment
     ck = (id(ws), ws.rows, asm, FUSED_MAXNREG, READ1_AHEAD, pdl, logits.dtype, logits.stride(0), vocab, part,

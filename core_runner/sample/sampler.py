@@ -55,9 +55,11 @@ from core_runner.sample.penalties import apply_penalties
 # 3.53 -> 1.98 ms on the H200 (session 7).
 # round_maxnreg 128 (session 9): read 2 and the histogram rounds at 128 registers (4 programs
 # per SM, not 2): flat rows N(0, s^2) for s = 1, 2, 3: 24.4 -> 16.5, 14.6 -> 11.3, 5.5 -> 3.9 ms.
-# decide_warps 2, decide_width 1024 (session 11): the decide in a launch of its own, 2 warps a row, on the
-# entries above T moved into 1,024 slots first, with programmatic dependent launches (PDL_LAUNCH in
-# cut_sample_split_triton): graph 0.2186 ms against 0.2298 for the decide fused into read 1 (H200).
+# decide_warps 2, decide_width 1024 (session 11): the decide in a launch of its own again, 2 warps a row, on
+# the entries above T moved into 1,024 slots first (the next part's loaded while one is moved), with
+# programmatic dependent launches (PDL_LAUNCH in cut_sample_split_triton) and the host's launches replayed
+# from a launch plan: H200 graph 0.2175 ms against 0.2264 for the decide fused into read 1; the bench's
+# top-p case 0.218 ms = 1.47 reads (benchmarks/RESULTS.md, session 11).
 CUT_SHAPE = dict(split=8, block=512, num_warps=2, nucleus_first=True, cap=4096, lists=3, list_slots=256,
                  tile_max=False, search_block=256, round_maxnreg=128, decide_warps=2, decide_width=1024)
 GUMBEL_SHAPE = dict(split=16, block=256, num_warps=1)
