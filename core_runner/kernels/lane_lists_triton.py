@@ -19,7 +19,10 @@ into a quarter or half of the lists' width before the bisection made the decide 
 slower on the H200, 0.032 -> 0.047 ms: session 6. Session 10 brings it back as an option,
 ``decide_width``, for the registers: with the decide fused into read 1, 2,048 slots on 2
 warps keep read 1 above 96 registers (8 programs per SM, not 10); gathered part by part
-into 1,024 slots, read 1 fits in 96 without spills on sm90. Not yet measured.) Otherwise
+into 1,024 slots, read 1 fits in 96 without spills on sm90; that measured no faster (H200,
+session 11). The Sampler's shape since session 11: the decide in a launch of its own on 2
+warps with ``decide_width`` 1,024, the gather loading each part ahead: graph 0.2175 ms a
+call against 0.2264 fused.) Otherwise
 the row goes on to the lane floor and read 2 (``cut_sample_split_triton``).
 
 How far the lists reach: random logits (N(0, 4^2) / 0.7, vocab 151,936, 8 x 512 lanes)
