@@ -458,8 +458,7 @@ def test_all_top_p_leaves_out_the_other_rows_draw(device, monkeypatch):
     assert torch.equal(got5, got) and (paths5 == 7).sum() > (paths == 7).sum(), (paths5, paths)
     monkeypatch.setattr(cs, "READ1_AHEAD", 3)  # read 1's loop with three tiles in flight
     monkeypatch.setattr(cs, "PDL_LAUNCH", True)  # programmatic dependent launches (on CUDA sm90+; else none)
-    got6, paths6 = _run(device, *args, **kw)
-    assert torch.equal(got6, got) and torch.equal(paths6, paths)
+    assert all(map(torch.equal, _run(device, *args, **kw), (got, paths)))
     monkeypatch.undo()
     with pytest.raises(ValueError, match="decide_width=24: 0 .all the list slots. or a power of 2"):
         _run(device, *args, **kw, decide_width=24)
