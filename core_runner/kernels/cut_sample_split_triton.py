@@ -52,6 +52,7 @@ its host mirror).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -60,9 +61,9 @@ import triton.language as tl
 
 from core_runner.kernels.cut_sample_triton import lane_floor
 from core_runner.kernels import fast_launch
-from core_runner.kernels.fast_launch import fast
+from core_runner.kernels.fast_launch import fast, hooks_set
 from core_runner.kernels.grid_dependency import grid_dependency, pdl_supported
-from core_runner.kernels.launch_plan import LaunchPlan, hooks_set, record
+from core_runner.kernels.launch_plan import LaunchPlan, record
 from core_runner.kernels.lane_lists_triton import lane_lists_pass, nucleus_from_lists, store_lane_list
 from core_runner.kernels.scatter_store import scatter_store
 from core_runner.kernels.split_finish_triton import _DONE, _ONE_PROGRAM, _READ2, _lane_maxima
@@ -411,19 +412,15 @@ def _launch(logits, inv, sd, pos, k, p, lmp, out, paths, ws, vocab, n_tiles, par
           *(t.dtype for t in (sd, pos, out, paths)), *(a % 16 for a in ptrs))
     planned = (LAUNCH_PLANS and marks is None and fast_launch.ENABLED and dev.type == "cuda" and not _INTERPRET
                and not hooks_set())
-    if not planned:
-        return _issue(ck, asm, pdl, inputs, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block, search_block,
-                      num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max, all_top_p, rounds,
-                      round_maxnreg, decide_warps, narrow_draw, decide_width)
     key = (ck, logits.shape[0])
-    plan = ws.plans.get(key)
+    plan = ws.plans.get(key) if planned else None
     if plan is not None:
         return plan.replay(ptrs, fast_launch._stream())
-    with record() as steps:
+    with record() if planned else contextlib.nullcontext() as steps:
         n_launches = _issue(ck, asm, pdl, inputs, ws, vocab, n_tiles, part, n_parts, ntp, pp, cap, block,
                             search_block, num_pivots, num_warps, nucleus_first, marks, lists, list_slots, tile_max,
                             all_top_p, rounds, round_maxnreg, decide_warps, narrow_draw, decide_width)
-    if len(steps) == n_launches and all(kernel is not None for kernel, _, _ in steps):
+    if planned and len(steps) == n_launches and all(kernel is not None for kernel, _, _ in steps):
         ws.plans[key] = LaunchPlan(steps, inputs)
 
 

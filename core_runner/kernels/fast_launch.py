@@ -62,10 +62,11 @@ def _stream() -> int:
     return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()) if _CUDA else 0
 
 
-def hook_set(hook) -> bool:
-    """A triton launch hook is set: triton 3.5+ holds them in HookChain objects (empty when
-    none is set), older ones in a plain attribute (None when none is)."""
-    return hook is not None and bool(getattr(hook, "calls", True))
+def hooks_set() -> bool:
+    """Triton has a launch hook set (a profiler's, say): triton 3.5+ holds them in HookChain
+    objects, there and empty when none is set; older ones in a plain attribute, None then."""
+    return any(h is not None and bool(getattr(h, "calls", True))
+               for h in (knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook))
 
 
 class FastLaunch:
@@ -109,10 +110,10 @@ class FastLaunch:
         if RECORDER is not None:
             RECORDER.append((kernel, g, full))
         stream = _stream()
-        enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        if hook_set(enter) or hook_set(leave):
+        if hooks_set():
             kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata,
-                       kernel.launch_metadata(grid, stream, *full), enter, leave, *full)
+                       kernel.launch_metadata(grid, stream, *full), knobs.runtime.launch_enter_hook,
+                       knobs.runtime.launch_exit_hook, *full)
         else:  # (no hook: no launch metadata to gather, and the launcher calls none)
             kernel.run(g[0], g[1], g[2], stream, kernel.function, kernel.packed_metadata, None, None, None, *full)
         return kernel

@@ -15,13 +15,11 @@ launch was recorded, ``LaunchPlan(steps, inputs)`` replays them. The caller must
 plan by everything that fixes the launches (grids, constexprs, options, the inputs'
 dtypes and alignment) and keep it no longer than the tensors it holds as addresses (the
 split sampler stores its plans on the workspace that owns those tensors). A replay runs
-no launch hooks: callers replay only while triton has none set (``hooks_set``).
+no launch hooks: callers replay only while triton has none set (``fast_launch.hooks_set``).
 """
 from __future__ import annotations
 
 import torch
-from triton import knobs
-
 from core_runner.kernels import fast_launch
 
 
@@ -36,13 +34,6 @@ class record:
 
     def __exit__(self, *exc) -> None:
         fast_launch.RECORDER = None
-
-
-def hooks_set() -> bool:
-    """Triton has a launch hook set (a profiler's, say): triton 3.5+ keeps them in HookChain
-    objects, which are there, empty, when none is set; older ones keep None."""
-    return fast_launch.hook_set(knobs.runtime.launch_enter_hook) or fast_launch.hook_set(
-        knobs.runtime.launch_exit_hook)
 
 
 class LaunchPlan:

@@ -83,7 +83,7 @@ def test_launch_hooks_are_seen_set_only_when_one_is():
     chains (triton 3.5+) exist, empty, when no hook is set."""
     from triton import knobs
 
-    from core_runner.kernels.launch_plan import hooks_set
+    from core_runner.kernels.fast_launch import hooks_set
 
     assert not hooks_set()
     chain = knobs.runtime.launch_enter_hook
