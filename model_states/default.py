@@ -3,11 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from core_runner.attention.backend import AttnMetadata
-from core_runner.engine.scheduler_output import NewRequest
-from core_runner.kv_cache_spec import KVCacheSpec
-from core_runner.runner.input_batch import InputBatch
-from model_states.base import ModelState
+from core_runner.sdk import AttnMetadata, InputBatch, KVCacheSpec, ModelState, NewRequest
 
 
 def collect_kv_cache_specs(model: torch.nn.Module, dtype: torch.dtype) -> list[KVCacheSpec]:

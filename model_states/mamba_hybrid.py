@@ -21,12 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from core_runner.attention.backend import AttnMetadata
-from core_runner.engine.scheduler_output import NewRequest
-from core_runner.kv_cache_spec import KVCacheSpec, RowStateSpec
-from core_runner.runner.buffers import UvaBackedTensor
-from core_runner.runner.input_batch import InputBatch
-from model_states.base import ModelState
+from core_runner.sdk import AttnMetadata, InputBatch, KVCacheSpec, ModelState, NewRequest, RowStateSpec, UvaBackedTensor
 from model_states.default import attn_metadata_from_batch, collect_kv_cache_specs
 
 

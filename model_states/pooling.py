@@ -39,13 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from core_runner.attention.backend import AttnMetadata
-from core_runner.engine.scheduler_output import NewRequest
-from core_runner.kv_cache_spec import KVCacheSpec
-from core_runner.pooling_params import POOLING_TYPES, PoolingParams
-from core_runner.runner.buffers import StagedWriteTensor
-from core_runner.runner.input_batch import InputBatch
-from model_states.base import ModelState
+from core_runner.sdk import AttnMetadata, InputBatch, KVCacheSpec, ModelState, NewRequest, POOLING_TYPES, PoolingParams, StagedWriteTensor
 from model_states.default import attn_metadata_from_batch, collect_kv_cache_specs
 
 logger = logging.getLogger(__name__)

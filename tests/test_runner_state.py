@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core_runner.engine.scheduler_output import SchedulerOutput
+from core_runner.step_data.scheduler_output import SchedulerOutput
 from helpers import (
     Recorder, device_tables, drain, fill_free_kv_blocks_with_garbage, fill_garbage, greedy, hf_greedy,
     make_engine, random_prompts, run, sampled, snapshot, snapshot_diff, step_until,

@@ -135,7 +135,7 @@ def no_silent_override(ctx: Ctx) -> None:
 
 
 def registration_complete(ctx: Ctx) -> None:
-    from model_states.base import ModelState
+    from core_runner.model_state import ModelState
 
     reg = ctx.registration
     problems: list[str] = []
@@ -155,7 +155,7 @@ def registration_complete(ctx: Ctx) -> None:
             problems.append(f"model {reg.model} has no compute_logits(hidden) but declares task 'generate'")
     if state_cls is not None:
         if not (isinstance(state_cls, type) and issubclass(state_cls, ModelState)):
-            problems.append(f"model_state {reg.model_state} is not a model_states.base.ModelState subclass")
+            problems.append(f"model_state {reg.model_state} is not a core_runner.sdk.ModelState subclass")
         else:
             missing = set(reg.tasks) - set(state_cls.supported_tasks)
             if missing:

@@ -67,7 +67,7 @@ def reused_row_is_fresh(ctx: Ctx) -> None:
 # CR-STATE-02
 # ---------------------------------------------------------------------------------
 def dummy_run_changes_nothing(ctx: Ctx) -> None:
-    from core_runner.engine.scheduler_output import SchedulerOutput
+    from core_runner.step_data.scheduler_output import SchedulerOutput
 
     opts = dict(max_num_seqs=4, max_num_batched_tokens=16 if ctx.chunked else None)
     prompts = ctx.ref.prompts([30, 5, 12, 1], seed=43)

@@ -275,7 +275,7 @@ class Preempter:
         return [r.req_id for r in self.engine.scheduler.running if r.num_pending == 0]
 
     def preempt(self, req_id: str) -> None:
-        from core_runner.engine.scheduler_output import SchedulerOutput
+        from core_runner.step_data.scheduler_output import SchedulerOutput
 
         sched = self.engine.scheduler
         req = sched.requests[req_id]

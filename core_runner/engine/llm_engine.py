@@ -15,7 +15,7 @@ from core_runner.engine.detokenizer import IncrementalDetokenizer
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
 from core_runner.engine.scheduler import Scheduler
-from core_runner.engine.scheduler_output import SchedulerOutput
+from core_runner.step_data.scheduler_output import SchedulerOutput
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
     architecture_of, build_model, eos_token_ids, load_hf_config, load_tokenizer, resolve_dtype,

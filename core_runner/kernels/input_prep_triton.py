@@ -1,5 +1,5 @@
 """Triton twins of the step-input kernels in ``input_prep.py`` and of the staged-write
-scatter in ``runner/buffers.py``.
+scatter in ``step_data/buffers.py``.
 
 All three read only device values inside the kernels; every launch is sized from host
 ints the caller already has (number of requests, padded number of tokens, number of

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from core_runner.engine.scheduler_output import NewRequest
-from core_runner.runner.buffers import StagedWriteTensor
+from core_runner.step_data.scheduler_output import NewRequest
+from core_runner.step_data.buffers import StagedWriteTensor
 
 
 class RequestState:

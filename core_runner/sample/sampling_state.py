@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from core_runner.engine.scheduler_output import NewRequest
-from core_runner.runner.buffers import StagedWriteTensor
-from core_runner.runner.input_batch import InputBatch
+from core_runner.step_data.scheduler_output import NewRequest
+from core_runner.step_data.buffers import StagedWriteTensor
+from core_runner.step_data.input_batch import InputBatch
 from core_runner.sample.logit_bias import Edits, pack_edits, row_edits
 from core_runner.sample.metadata import PenaltyInputs, SamplingMetadata, host_to_device
 

@@ -19,7 +19,7 @@ from core_runner.kernels.input_prep_triton import (  # noqa: E402
     post_update_triton,
     prepare_inputs_triton,
 )
-from core_runner.runner.buffers import StagedWriteTensor  # noqa: E402
+from core_runner.step_data.buffers import StagedWriteTensor  # noqa: E402
 
 KEYS = ("input_ids", "positions", "seq_lens", "slot_mapping", "block_tables", "logits_indices")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,6 +1,6 @@
 """Entry-point module: registers LlamaForCausalLM. Imports no torch and no model code,
 so listing plugins stays cheap (the conformance suite checks this, CR-REG-02/03)."""
-from core_runner import hookimpl
+from core_runner.sdk import hookimpl
 
 # Tiny configs for the conformance suite: it builds transformers.LlamaForCausalLM from
 # each one with random weights and checks this plugin against it.

@@ -1,5 +1,5 @@
 """Entry point module: registers the embedding architectures. Imports no torch."""
-from core_runner import hookimpl
+from core_runner.sdk import hookimpl
 
 STATE = "model_states.pooling:PoolingModelState"
 

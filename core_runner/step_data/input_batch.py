@@ -47,7 +47,7 @@ class InputBuffers:
     """
 
     def __init__(self, max_num_reqs: int, max_num_tokens: int, max_blocks: int, device: torch.device) -> None:
-        from core_runner.runner.buffers import UvaBackedTensor
+        from core_runner.step_data.buffers import UvaBackedTensor
 
         r = max_num_reqs
         self.max_num_reqs, self.max_num_tokens = r, max_num_tokens

@@ -1,0 +1,24 @@
+"""Everything a plugin author may import, in one module.
+
+A plugin is built from this module and ``core_runner.layers`` only: the hook marker,
+the ModelState contract and the types its methods receive, the cache specs a state
+declares, the staged / UVA-backed row tables a state may keep, and the forward context
+its layers read. Anything else in ``core_runner`` is internal and may change.
+"""
+from core_runner.attention.backend import AttnMetadata
+from core_runner.config import EngineConfig
+from core_runner.forward_context import get_forward_context, use_triton_kernels
+from core_runner.kv_cache_spec import KVCacheSpec, PagedCacheSpec, RowStateSpec
+from core_runner.model_state import ModelState
+from core_runner.plugins import hookimpl
+from core_runner.pooling_params import POOLING_TYPES, PoolingParams
+from core_runner.sampling_params import SamplingParams
+from core_runner.step_data.buffers import StagedWriteTensor, UvaBackedTensor
+from core_runner.step_data.input_batch import InputBatch
+from core_runner.step_data.scheduler_output import NewRequest
+
+__all__ = [
+    "AttnMetadata", "EngineConfig", "InputBatch", "KVCacheSpec", "ModelState", "NewRequest", "POOLING_TYPES",
+    "PagedCacheSpec", "PoolingParams", "RowStateSpec", "SamplingParams", "StagedWriteTensor", "UvaBackedTensor",
+    "get_forward_context", "hookimpl", "use_triton_kernels",
+]
