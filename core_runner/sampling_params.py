@@ -1,7 +1,7 @@
 """SamplingParams: per-request generation settings, validated on construction.
 
 Checks that need the engine (the vocabulary size, ``EngineConfig.max_logprobs``, a
-tokenizer for stop strings) happen in ``LLMEngine.validate_params`` at request time.
+tokenizer for stop strings) happen in ``InputProcessor.validate_params`` at request time.
 """
 from __future__ import annotations
 

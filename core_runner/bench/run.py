@@ -81,7 +81,7 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
         outs += eng.step()
         step_s.append(time.perf_counter() - t0)
         if step_s[-1] > 0.1 and len(slow) < 10:  # JIT compiles or stalls inside the clock
-            last = eng._in_flight[-1][0] if eng._in_flight else None
+            last = eng.core.in_flight[-1][0] if eng.core.in_flight else None
             slow.append({"step": steps, "ms": 1e3 * step_s[-1], "reqs": len(last.num_scheduled_tokens) if last else 0,
                          "tokens": sum(last.num_scheduled_tokens.values()) if last else 0})
         steps += 1

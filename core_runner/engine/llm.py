@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from core_runner.config import EngineConfig
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import RequestOutput
+from core_runner.engine.request import Request
 from core_runner.plugins import PluginManager
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
@@ -63,16 +64,8 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        token_prompts = []
-        for i, p in enumerate(prompts):
-            try:
-                ids = self.engine.tokenize(p)
-                self.engine.validate_prompt(ids)
-                self.engine.validate_params(params[i])
-            except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}") from e
-            token_prompts.append(ids)
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(token_prompts, params)]
+        reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, params[i]))
+        ids = [self.engine.add_processed(r) for r in reqs]
         return self._run(ids, use_tqdm)
 
     def embed(
@@ -98,21 +91,25 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} PoolingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        resolved, token_prompts = [], []
-        for i, (p, pp) in enumerate(zip(prompts, params)):
-            try:
-                pp = self.engine.check_pooling_params(pp)
-                token_prompts.append(self.engine.pooling_prompt(p, pp))
-            except ValueError as e:
-                raise ValueError(f"prompt {i}: {e}") from e
-            resolved.append(pp)
-        ids = [self.engine.add_request(p, pooling_params=pp) for p, pp in zip(token_prompts, resolved)]
+        reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
+        ids = [self.engine.add_processed(r) for r in reqs]
         outs = self._run(ids, use_tqdm)
         if outs:  # one device-to-host copy for all vectors
             host = torch.stack([o.embedding for o in outs]).float().cpu()
             for o, e in zip(outs, host.unbind(0)):
                 o.embedding = e
         return outs
+
+    @staticmethod
+    def _process(prompts: list, make: Callable[[Any, int], Request]) -> list[Request]:
+        """Every prompt validated before any is queued; an error names the prompt's index."""
+        reqs = []
+        for i, p in enumerate(prompts):
+            try:
+                reqs.append(make(p, i))
+            except ValueError as e:
+                raise ValueError(f"prompt {i}: {e}") from e
+        return reqs
 
     def _require_task(self, task: str, method: str) -> None:
         if task not in self.engine.tasks:

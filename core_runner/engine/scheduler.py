@@ -44,6 +44,7 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
+        self._forced_preemptions: set[str] = set()
         self.num_preemptions = 0
 
     # ---- lifecycle ----------------------------------------------------------------
@@ -88,6 +89,17 @@ class Scheduler:
         self.waiting.appendleft(req)
         logger.debug("preempted %s (%d tokens)", req.req_id, req.num_tokens)
 
+    def force_preempt(self, req_id: str) -> None:
+        """Preempt a running request now, as a dry KV pool would (its blocks are freed and it
+        re-prefills later); the runner hears of it in the next step's preempted_req_ids.
+        Only a request whose sampled tokens have all come back can be preempted."""
+        req = self.requests.get(req_id)
+        if req is None or req.status != RequestStatus.RUNNING or req.num_pending:
+            raise ValueError(f"request {req_id!r} is not running with its outputs known: cannot preempt it")
+        out = SchedulerOutput()
+        self._preempt(req, out)
+        self._forced_preemptions |= out.preempted_req_ids
+
     # the three helpers below run once per request per step: keep them lean
     def _grow(self, req: Request, n: int) -> list[int] | None:
         need = -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_ids)
@@ -115,8 +127,8 @@ class Scheduler:
 
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput(finished_req_ids=self._finished_ids)
-        self._finished_ids = set()
+        out = SchedulerOutput(finished_req_ids=self._finished_ids, preempted_req_ids=self._forced_preemptions)
+        self._finished_ids, self._forced_preemptions = set(), set()
         budget = self.budget
         i = 0
         while i < len(self.running) and budget > 0:

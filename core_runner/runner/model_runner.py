@@ -6,7 +6,7 @@ families belongs in a ModelState; be paranoid about adding lines here.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -60,8 +60,9 @@ class ModelRunner:
                                            min(max_tokens, config.max_num_seqs * config.max_model_len))
         self.inputs = InputBuffers(config.max_num_seqs, max_tokens, config.max_blocks_per_req, self.device)
         self.copy_stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        # set to a list to record (req_ids, logits) of every real step (tests, conformance)
-        self.recorded_logits: list[tuple[list[str], torch.Tensor]] | None = None
+        # called with (req_ids, logits) of every real step (core_runner.engine.debug)
+        self.logits_hooks: list[Callable[[list[str], torch.Tensor], None]] = []
+        self.num_dummy_runs = 0
 
     # ---- memory -------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -78,6 +79,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput, dummy: bool = False) -> AsyncOutput:
         if dummy:
+            self.num_dummy_runs += 1
             n = max(1, out.total_num_scheduled_tokens)
             return self._run(self._dummy_batch(max(1, len(out.num_scheduled_tokens)), n))
         # 1. removals (finished and preempted alike) before additions
@@ -177,8 +179,9 @@ class ModelRunner:
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, [], pooled))
         # 8. logits of the real rows, sampling, logprobs
         logits = self.model.compute_logits(hidden[batch.logits_indices[:n]])
-        if self.recorded_logits is not None and not batch.is_dummy:
-            self.recorded_logits.append((batch.req_ids, logits.float().cpu()))
+        if not batch.is_dummy:
+            for hook in self.logits_hooks:
+                hook(batch.req_ids, logits)
         out = self._sample(batch, logits)
         sampled = out.sampled
         if batch.is_dummy:

@@ -1,0 +1,159 @@
+"""InputProcessor: a prompt and its parameters become one validated Request, once.
+
+Tokenisation, prompt checks, the checks of SamplingParams that need this engine (the
+vocabulary, max_logprobs, a tokenizer for stop strings), PoolingParams resolution and
+the request's seed all happen here, so the offline ``LLM``, ``LLMEngine.add_request`` and
+a server share one path and nothing is validated twice.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+from typing import Any, Callable, Sequence
+
+from core_runner.config import EngineConfig
+from core_runner.engine.request import Request
+from core_runner.pooling_params import PoolingParams
+from core_runner.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int]
+
+
+class InputProcessor:
+    def __init__(
+        self, config: EngineConfig, *, architecture: str, tasks: tuple[str, ...], tokenizer: Any,
+        vocab_size: int | None, eos_token_ids: tuple[int, ...], max_positions: int | None,
+        chunked_prefill: bool, resolve_pooling: Callable[[PoolingParams], PoolingParams] | None = None,
+    ) -> None:
+        self.config = config
+        self.architecture = architecture
+        self.tasks = tasks
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.max_positions = max_positions
+        self.chunked_prefill = chunked_prefill
+        self.resolve_pooling = resolve_pooling
+        self._seed_rng = random.Random(config.seed)
+        self._ids = itertools.count()
+
+    # ---- one request --------------------------------------------------------------
+    def process(
+        self, prompt: Prompt, params: SamplingParams | None = None, req_id: str | None = None,
+        pooling_params: PoolingParams | None = None,
+    ) -> Request:
+        """The validated Request for one prompt; a bad prompt or parameter raises ValueError
+        (TypeError for a wrong type) and nothing is queued."""
+        if params is None and pooling_params is None and "generate" not in self.tasks:
+            pooling_params = PoolingParams()
+        if pooling_params is not None:
+            if params is not None:
+                raise ValueError("a request takes SamplingParams or PoolingParams, not both")
+            pooling_params = self.check_pooling_params(pooling_params)
+            ids = self.pooling_prompt(prompt, pooling_params)
+        else:
+            params = params if params is not None else SamplingParams()
+            self.validate_params(params)
+            ids = self.tokenize(prompt)
+            self.validate_prompt(ids)
+        seed = params.seed if params is not None and params.seed is not None else self._seed_rng.getrandbits(63)
+        return Request(
+            req_id=req_id if req_id is not None else str(next(self._ids)), prompt_token_ids=ids,
+            sampling_params=params, seed=seed, eos_token_ids=self.eos_token_ids, pooling_params=pooling_params,
+        )
+
+    # ---- prompts ------------------------------------------------------------------
+    def tokenize(self, prompt: Prompt, truncate: int | None = None) -> list[int]:
+        """Token ids of a prompt; ``truncate`` cuts a text prompt with the tokenizer's own
+        truncation (special tokens kept)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
+            if truncate is not None:
+                return list(self.tokenizer.encode(prompt, truncation=True, max_length=truncate))
+            return list(self.tokenizer.encode(prompt))
+        ids = list(prompt)
+        if any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
+            raise ValueError("a token-id prompt must be a list of ints")
+        return ids
+
+    def _check_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("prompt is empty: at least one token is needed")
+        if self.vocab_size is not None:
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+
+    def validate_prompt(self, ids: list[int]) -> None:
+        self._check_ids(ids)
+        limit = self.config.max_model_len - 1
+        if len(ids) > limit:
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but max_model_len={self.config.max_model_len} allows at most "
+                f"{limit} (one position is needed for the first generated token)"
+            )
+
+    def validate_params(self, params: SamplingParams) -> None:
+        """The checks SamplingParams cannot make alone: they need this engine."""
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if "generate" not in self.tasks:
+            raise ValueError(f"{self.architecture} supports tasks {self.tasks}, not 'generate'")
+        limit = self.config.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(params, name)
+            if k is not None and k > limit:
+                raise ValueError(f"SamplingParams.{name}={k} is invalid: expected at most max_logprobs={limit} "
+                                 "(raise EngineConfig.max_logprobs)")
+        if params.logit_bias and self.vocab_size is not None:
+            bad = [t for t in params.logit_bias if t >= self.vocab_size]
+            if bad:
+                raise ValueError(f"SamplingParams.logit_bias token id {bad[0]} is invalid: expected ids in "
+                                 f"[0, {self.vocab_size}) (the vocabulary)")
+        if params.stop and self.tokenizer is None:
+            raise ValueError(f"SamplingParams.stop={params.stop!r} is invalid: stop strings need a tokenizer, "
+                             "and this checkpoint has none (use stop_token_ids)")
+
+    # ---- pooling (embedding) requests -----------------------------------------------
+    # One model per engine: an engine whose model embeds takes only pooling requests and a
+    # generating one only sampling requests, so a batch never mixes the two.
+    def check_pooling_params(self, pooling_params: Any) -> PoolingParams:
+        """The request's PoolingParams with the model's default pooling type filled in."""
+        if not isinstance(pooling_params, PoolingParams):
+            raise TypeError(f"pooling_params must be PoolingParams, got {type(pooling_params).__name__}")
+        if "embed" not in self.tasks:
+            raise ValueError(
+                f"{self.architecture} supports tasks {self.tasks}, not 'embed': pooling requests need an "
+                "embedding model (one model per engine; start a second engine for embeddings)"
+            )
+        return self.resolve_pooling(pooling_params) if self.resolve_pooling is not None else pooling_params
+
+    def pooling_prompt_limit(self) -> int:
+        """Most tokens a pooling prompt may hold: max_model_len (no generated token follows),
+        less one where chunked prefill is on (the scheduler never continues a request that
+        has reached max_model_len)."""
+        c = self.config.max_model_len
+        return c - 1 if self.chunked_prefill else c
+
+    def pooling_prompt(self, prompt: Prompt, pp: PoolingParams) -> list[int]:
+        """Token ids of a pooling prompt, truncated (text) and validated."""
+        limit = self.pooling_prompt_limit()
+        k = pp.truncate_prompt_tokens
+        k = limit if k == -1 else k
+        ids = self.tokenize(prompt, truncate=k if isinstance(prompt, str) else None)
+        if k is not None and len(ids) > k:
+            raise ValueError(
+                f"prompt has {len(ids)} token ids but truncate_prompt_tokens={k}: token-id prompts are not cut "
+                "(only text prompts are truncated, by the tokenizer)"
+            )
+        self._check_ids(ids)
+        if len(ids) > limit:
+            why = f"max_model_len={self.config.max_model_len}"
+            if self.max_positions is not None:
+                why += f"; {self.architecture} has max_position_embeddings={self.max_positions}"
+            raise ValueError(
+                f"prompt has {len(ids)} tokens but this engine embeds at most {limit} ({why}); "
+                "shorten it or pass PoolingParams(truncate_prompt_tokens=...) for a text prompt"
+            )
+        return ids
