@@ -135,8 +135,8 @@ def _attn_kernel(
     bt_row = bt_ptr + req.to(tl.int64) * s_bt
 
     # Keys below pos0 + 1 are visible to every row, so whole tiles there can skip all
-    # masks. That pays for prefill tiles (~8% on an H200) but costs decode ~5% (two
-    # pipelined loops instead of one), hence the switch.
+    # masks. That pays for prefill tiles but slows decode (two pipelined loops instead of
+    # one), hence the switch (figures in benchmarks/RESULTS.md).
     full_end = kv_lo
     if UNMASKED_LOOP:
         if CAUSAL:
@@ -200,7 +200,7 @@ def _pick_num_splits(device: torch.device, num_reqs: int, kv_heads: int, max_seq
 
 def _launch_config(max_query_len: int, group_pad: int, block_d: int, elem_bytes: int,
                    device: torch.device) -> dict:
-    """Tiles and warps measured on an H200 (bf16, D=128): decode-like batches take
+    """Tiles and warps chosen by measurement (bf16, D=128; benchmarks/RESULTS.md): decode-like batches take
     16-row tiles (one token x group, padded), anything longer 64-row tiles; K+V tiles
     stay <= 32 KiB per pipeline stage (fp32, used by tests, gets narrower tiles)."""
     block_n = 64 if block_d * elem_bytes <= 256 else 32
