@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field
 
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
+_KERNELS = (None, "torch", "triton")
 
 
 def strict_from_env() -> bool:
@@ -20,8 +21,13 @@ class EngineConfig:
     ``num_kv_blocks=None`` sizes the KV pool from free memory
     (``kv_cache_memory_fraction`` of it). ``async_scheduling=None`` means on for CUDA,
     off for the CPU (where it is allowed, but has nothing to overlap).
-    ``attention_backend=None`` picks Triton kernels on CUDA and the torch references on
-    the CPU; ``"triton"`` on the CPU needs ``TRITON_INTERPRET=1`` (kernel tests).
+    ``kernels`` picks the implementation of every layer other than attention (RMSNorm,
+    rotary, SiluAndMul, fused MoE, Mamba), of input prep and of the sampler: None (auto)
+    means ``"triton"`` on CUDA when triton is installed and ``"torch"`` (the references)
+    on the CPU; ``"triton"`` on the CPU needs ``TRITON_INTERPRET=1`` (kernel tests).
+    ``attention_backend`` picks only the attention backend, by its registered name
+    (``core_runner.attention.registry``: "torch", "triton", ...); None means the one
+    matching ``kernels``. CUDA graphs need kernels="triton" and a graph-capable backend.
     ``enable_prefix_caching=True`` asks for a prefix cache: the oracle turns it off (with a
     named reason) for a family that declares prefix_caching unsupported, and rejects it
     otherwise, since the engine does not implement one yet.
@@ -43,6 +49,7 @@ class EngineConfig:
     max_logprobs: int = 20
     async_scheduling: bool | None = None
     attention_backend: str | None = None
+    kernels: str | None = None
     enable_prefix_caching: bool = False
 
     def __post_init__(self) -> None:
@@ -69,8 +76,14 @@ class EngineConfig:
             raise bad("num_kv_blocks", self.num_kv_blocks, "expected None (size from memory) or an integer >= 1")
         if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
             raise bad("kv_cache_memory_fraction", self.kv_cache_memory_fraction, "expected a value in (0, 0.95]")
-        if self.attention_backend not in (None, "torch", "triton"):
-            raise bad("attention_backend", self.attention_backend, "expected None (auto), 'torch' or 'triton'")
+        if self.attention_backend is not None:
+            from core_runner.attention.registry import backend_names, is_registered
+
+            if not isinstance(self.attention_backend, str) or not is_registered(self.attention_backend):
+                raise bad("attention_backend", self.attention_backend,
+                          f"expected None (auto) or a registered backend: {', '.join(map(repr, backend_names()))}")
+        if self.kernels not in _KERNELS:
+            raise bad("kernels", self.kernels, "expected None (auto), 'torch' or 'triton'")
         if not isinstance(self.enable_prefix_caching, bool):
             raise bad("enable_prefix_caching", self.enable_prefix_caching, "expected True or False")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:

@@ -1,31 +1,39 @@
-"""The one global: attention metadata carried into the model around a forward.
+"""The one global: attention metadata, backend and kernel mode carried into the model
+around a forward.
 
 Layers read it with ``get_forward_context()`` so that ``forward(input_ids, positions)``
-stays free of metadata arguments.
+stays free of metadata arguments; ``use_triton_kernels(t)`` tells a layer which of its
+implementations (Triton kernel or torch reference) the step's plan chose.
 """
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
-_CONTEXT: "ForwardContext | None" = None
+KERNEL_MODES = ("torch", "triton")
+
+_CONTEXT: ForwardContext | None = None
 
 
 @dataclass(slots=True)
 class ForwardContext:
     attn_metadata: Any
     backend: Any
+    kernels: str  # the plan's kernel mode for every non-attention layer: "torch" or "triton"
 
 
 @contextmanager
-def set_forward_context(attn_metadata: Any, backend: Any) -> Iterator[None]:
+def set_forward_context(attn_metadata: Any, backend: Any, kernels: str) -> Iterator[None]:
     global _CONTEXT
+    if kernels not in KERNEL_MODES:
+        raise ValueError(f"kernels={kernels!r} is invalid: expected one of {KERNEL_MODES}")
     prev = _CONTEXT
-    _CONTEXT = ForwardContext(attn_metadata, backend)
+    _CONTEXT = ForwardContext(attn_metadata, backend, kernels)
     try:
         yield
     finally:
@@ -40,11 +48,11 @@ def get_forward_context() -> ForwardContext:
 
 def use_triton_kernels(t: torch.Tensor) -> bool:
     """Whether a layer should run its Triton kernel on ``t``: inside a step when the
-    step's attention backend is "triton" and ``t`` is on CUDA (or on the CPU under
+    step's kernel mode is "triton" and ``t`` is on CUDA (or on the CPU under
     TRITON_INTERPRET=1, so the interpreter tests exercise the wiring); outside a step
-    when ``t`` is on CUDA."""
+    when ``t`` is on CUDA. The attention backend does not decide this."""
     if _CONTEXT is None:
         return t.is_cuda
-    if getattr(_CONTEXT.backend, "name", "torch") != "triton":
+    if _CONTEXT.kernels != "triton":
         return False
     return t.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"

@@ -1,5 +1,10 @@
 """The capability oracle: picks the execution plan from config, platform and capabilities.
 
+The plan names two independent choices: ``kernels`` ("triton" or "torch": every layer
+other than attention, input prep and the sampler) and ``attention_backend`` (a name in
+``core_runner.attention.registry``, whose class declares its capabilities). CUDA graphs
+need both kernels="triton" and a backend with ``supports_cuda_graphs``.
+
 Each downgrade (something better exists on this platform but is blocked) is logged in
 one line naming its blocker; in strict mode it is an error instead. An option that the
 plan cannot honour is always an error.
@@ -9,8 +14,10 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from core_runner.attention.registry import backend_class
 from core_runner.config import EngineConfig
 from core_runner.registry import Registration
 
@@ -23,8 +30,8 @@ class UnsupportedError(ValueError):
 
 @dataclass(frozen=True)
 class ExecutionPlan:
-    attention_backend: str
-    sampler: str
+    attention_backend: str  # a registered attention backend name
+    kernels: str  # "triton" or "torch": every other layer, input prep and the sampler
     cuda_graphs: bool
     async_scheduling: bool
     chunked_prefill: bool
@@ -57,36 +64,36 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
         )
 
     on_cuda = config.device.startswith("cuda")
-    attention, sampler, graphs, async_sched = "torch", "torch", False, False
-    if config.attention_backend == "triton" and not on_cuda:
-        if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
-            raise UnsupportedError("attention_backend='triton' on the CPU needs triton installed and "
-                                   "TRITON_INTERPRET=1 (the interpreter); use None or 'torch'")
-        attention = "triton"
-    if on_cuda and config.attention_backend == "torch":
-        logger.info("Triton attention off: attention_backend='torch' was asked for")
-        if not config.enforce_eager:
-            downgrade("CUDA graphs", "they need the Triton kernels, which are off")
+    interpret = os.environ.get("TRITON_INTERPRET") == "1"
+    have_triton = importlib.util.find_spec("triton") is not None
+    kernels = "torch"
+    if config.kernels == "triton" and not on_cuda:
+        if not interpret or not have_triton:
+            raise UnsupportedError("kernels='triton' on the CPU needs triton installed and TRITON_INTERPRET=1 "
+                                   "(the interpreter); use None or 'torch'")
+        kernels = "triton"
+    elif on_cuda and config.kernels == "torch":
+        logger.info("Triton kernels off: kernels='torch' was asked for")
     elif on_cuda:
-        if not reg.capability("triton_attention").supported:
-            downgrade("Triton attention", f"{reg.architecture} declares triton_attention "
-                      f"{reg.capability('triton_attention').state}")
-        elif importlib.util.find_spec("triton") is None:
-            downgrade("Triton attention", "the triton package is not installed")
-        elif _triton_backend_available():
-            attention = "triton"
+        if have_triton:
+            kernels = "triton"
         else:
-            downgrade("Triton attention", "core_runner.attention.triton_backend is not available in this build")
-        if config.enforce_eager:
-            logger.info("CUDA graphs off: enforce_eager=True")
-        elif not reg.capability("cuda_graphs").supported:
-            downgrade("CUDA graphs", f"{reg.architecture} declares cuda_graphs {reg.capability('cuda_graphs').state}")
-        elif attention != "triton":
-            downgrade("CUDA graphs", "they need the Triton kernels, which are off")
-        else:
-            graphs = True
+            downgrade("Triton kernels", "the triton package is not installed")
+    attention = _attention_backend(config, reg, kernels, on_cuda, interpret, downgrade)
+    graphs = False
+    if not on_cuda:
+        logger.info("device cpu: %s kernels, %s attention, eager", kernels, attention)
+    elif config.enforce_eager:
+        logger.info("CUDA graphs off: enforce_eager=True")
+    elif not reg.capability("cuda_graphs").supported:
+        downgrade("CUDA graphs", f"{reg.architecture} declares cuda_graphs {reg.capability('cuda_graphs').state}")
+    elif kernels != "triton":
+        downgrade("CUDA graphs", "they need the Triton kernels, which are off")
+    elif not backend_class(attention).supports_cuda_graphs:
+        downgrade("CUDA graphs", f"attention backend {attention!r} declares supports_cuda_graphs=False")
     else:
-        logger.info("device cpu: torch reference attention and sampler, eager")
+        graphs = True
+    async_sched = False
     cap = reg.capability("async_scheduling")
     if config.async_scheduling is True and not cap.supported:
         raise UnsupportedError(f"async_scheduling=True but {reg.architecture} declares async_scheduling {cap.state}")
@@ -97,9 +104,32 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
             downgrade("async scheduling", f"{reg.architecture} declares async_scheduling {cap.state}")
     else:
         async_sched = bool(config.async_scheduling)
-    sampler = attention  # the Triton sampler comes with the Triton kernels
-    return ExecutionPlan(attention, sampler, graphs, async_sched, chunk.supported, tuple(downgrades))
+    return ExecutionPlan(attention, kernels, graphs, async_sched, chunk.supported, tuple(downgrades))
 
 
-def _triton_backend_available() -> bool:
-    return importlib.util.find_spec("core_runner.attention.triton_backend") is not None
+def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on_cuda: bool, interpret: bool,
+                       downgrade: Callable[[str, str], None]) -> str:
+    """The registered backend to use: the one asked for, else the one matching the kernel
+    mode; a backend the family or this build cannot run falls back to "torch" (a named
+    downgrade), except one asked for on the CPU, which is an error."""
+    name = config.attention_backend or ("triton" if kernels == "triton" else "torch")
+    what = f"{name[:1].upper()}{name[1:]} attention"
+    try:
+        cls = backend_class(name)
+    except ImportError as e:
+        if config.attention_backend is not None and not on_cuda:
+            raise UnsupportedError(f"attention_backend={name!r} cannot be used here: {e}") from e
+        downgrade(what, f"its backend cannot be imported in this build ({e})")
+        return "torch"
+    if cls.needs_triton and not on_cuda and not interpret:
+        raise UnsupportedError(f"attention_backend={name!r} on the CPU needs triton installed and TRITON_INTERPRET=1 "
+                               "(the interpreter); use None or 'torch'")
+    if cls.capability is not None and not reg.capability(cls.capability).supported:
+        cap = reg.capability(cls.capability)
+        downgrade(what, f"{reg.architecture} declares {cls.capability} {cap.state}"
+                  f"{': ' + cap.reason if cap.reason else ''}")
+        return "torch"
+    if on_cuda and name != "triton":
+        logger.info("Triton attention off: attention backend %r (%s)", name,
+                    "asked for" if config.attention_backend else f"kernels={kernels!r}")
+    return name

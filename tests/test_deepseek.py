@@ -183,11 +183,13 @@ def test_unsupported_rope_scaling_is_refused():
         DeepseekV2ForCausalLM(cfg)
 
 
-def test_backend_without_mla_path_says_so():
+def test_backend_without_mla_is_refused_at_construction(deepseek_ckpts):
     from core_runner.attention.backend import AttentionBackend
+    from core_runner.attention.registry import register_backend, unregister_backend
+    from core_runner.oracle import UnsupportedError
 
-    class NoMLA(AttentionBackend):
-        name = "custom"
+    class NoMLA(AttentionBackend):  # supports_mla=False by default
+        name = "no_mla"
 
         def write_kv(self, kv_cache, k, v, md):
             pass
@@ -196,8 +198,15 @@ def test_backend_without_mla_path_says_so():
             return q
 
     md = type("MD", (), {"causal": True})()
-    with pytest.raises(NotImplementedError, match="'custom' has no MLA path"):
+    with pytest.raises(NotImplementedError, match="'no_mla' declares supports_mla=False"):
         NoMLA().forward_mla(torch.zeros(1, 1, 4), torch.zeros(1, 1, 2), torch.zeros(1, 1, 1, 1, 6), md, 1.0)
+    register_backend("no_mla", NoMLA)
+    try:
+        with pytest.raises(UnsupportedError, match=r"MLAAttention layer .*supports_mla=True.*'no_mla' declares "
+                                                   r"supports_mla=False; use attention_backend='torch'"):
+            make_engine(deepseek_ckpts["v2-greedy-qlora"], attention_backend="no_mla")
+    finally:
+        unregister_backend("no_mla")
 
 
 def test_registered_with_capabilities():

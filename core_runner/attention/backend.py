@@ -33,9 +33,25 @@ class AttnMetadata:
 
 
 class AttentionBackend(ABC):
-    """Writes new K/V into the paged cache and attends over it."""
+    """Writes new K/V into the paged cache and attends over it.
+
+    A backend declares what it can do as class attributes; the oracle and the engine
+    read them (a backend is registered by name in ``core_runner.attention.registry``):
+
+    - ``supports_mla``: it implements ``forward_mla`` (MLA layers need it; the engine
+      refuses a model with MLA layers and a backend without it, at construction),
+    - ``supports_cuda_graphs``: its ``write_kv`` / ``forward`` read only device tensors and
+      host-side bounds, so a step can be captured (graphs also need kernels='triton'),
+    - ``needs_triton``: it launches Triton kernels (on the CPU only under TRITON_INTERPRET=1),
+    - ``capability``: a model capability (``Registration.capability``) that a family must
+      declare supported for this backend, or None.
+    """
 
     name: str = "abstract"
+    supports_mla: bool = False
+    supports_cuda_graphs: bool = False
+    needs_triton: bool = False
+    capability: str | None = None
 
     @abstractmethod
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
@@ -51,7 +67,8 @@ class AttentionBackend(ABC):
     def write_mla(self, latent_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
                   md: AttnMetadata) -> None:
         """Store each token's latent ``kv_c`` [T, L] and roped key ``k_pe`` [T, R] in
-        ``latent_cache`` [1, num_blocks, block_size, 1, L + R] at ``md.slot_mapping``."""
+        ``latent_cache`` [1, num_blocks, block_size, 1, L + R] at ``md.slot_mapping``
+        (through ``write_kv``, which must take a one-part, one-head cache)."""
         from core_runner.attention.mla import write_latent
 
         write_latent(self, latent_cache, kv_c, k_pe, md)
@@ -59,20 +76,9 @@ class AttentionBackend(ABC):
     def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
                     md: AttnMetadata, scale: float) -> torch.Tensor:
         """MLA with kv_b_proj absorbed: ``q_c`` [T, H, L] (W_UK^T q_nope), ``q_pe`` [T, H, R];
-        returns softmax(q_c.c + q_pe.k_pe) @ c as [T, H, L]. Backends without an MLA
-        path raise NotImplementedError naming themselves."""
-        from core_runner.attention.mla import mla_forward
-
-        return mla_forward(self, q_c, q_pe, latent_cache, md, scale)
+        returns softmax(q_c.c + q_pe.k_pe) @ c as [T, H, L]. A backend that implements it
+        declares ``supports_mla = True``; the engine never routes MLA to one that does not."""
+        raise NotImplementedError(f"attention backend {self.name!r} declares supports_mla=False")
 
 
-def get_backend(name: str) -> AttentionBackend:
-    if name == "torch":
-        from core_runner.attention.torch_backend import TorchPagedAttention
-
-        return TorchPagedAttention()
-    if name == "triton":
-        from core_runner.attention.triton_backend import TritonPagedAttention
-
-        return TritonPagedAttention()
-    raise ValueError(f"attention backend {name!r} is unknown: expected 'torch' or 'triton'")
+from core_runner.attention.registry import get_backend  # noqa: F401  (the name -> backend registry)

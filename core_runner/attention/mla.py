@@ -1,5 +1,5 @@
 """MLA (multi-head latent attention) over a paged latent cache: the torch reference and
-the dispatch behind ``AttentionBackend.write_mla`` / ``forward_mla``.
+the cache write behind ``AttentionBackend.write_mla``.
 
 The latent cache is a PagedCacheSpec with one part and one head:
 ``[1, num_blocks, block_size, 1, kv_lora_rank + qk_rope_head_dim]``; each token stores
@@ -27,7 +27,7 @@ def mla_attention_ref(
     causal: bool = True,
 ) -> torch.Tensor:
     """q_c: [T, H, L], q_pe: [T, H, R] -> [T, H, L] (float32 math, one request at a time)."""
-    num_tokens, num_heads, lora = q_c.shape
+    lora = q_c.shape[-1]
     out = torch.zeros_like(q_c)
     qsl = query_start_loc_cpu.tolist()
     lens = seq_lens_cpu.tolist()
@@ -53,22 +53,3 @@ def write_latent(backend: object, latent_cache: torch.Tensor, kv_c: torch.Tensor
     through the backend's own (one-part) cache write."""
     entry = torch.cat([kv_c, k_pe], dim=-1).unsqueeze(1)
     backend.write_kv(latent_cache, entry, None, md)
-
-
-def mla_forward(backend: object, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
-                md: AttnMetadata, scale: float) -> torch.Tensor:
-    name = getattr(backend, "name", type(backend).__name__)
-    if not md.causal:
-        raise NotImplementedError("MLA attention is implemented for causal attention only")
-    if name == "torch":
-        return mla_attention_ref(q_c, q_pe, latent_cache, md.query_start_loc_cpu, md.seq_lens_cpu,
-                                 md.block_tables, scale)
-    if name == "triton":
-        from core_runner.kernels.mla_attention import mla_attention_triton
-
-        return mla_attention_triton(q_c, q_pe, latent_cache, md.query_start_loc, md.seq_lens, md.block_tables,
-                                    scale, max_query_len=md.max_query_len)
-    raise NotImplementedError(
-        f"attention backend {name!r} has no MLA path: override forward_mla (and write_mla if its cache "
-        "write cannot store a one-part, one-head latent cache)"
-    )

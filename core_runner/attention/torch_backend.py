@@ -63,7 +63,10 @@ def paged_attention_ref(
 
 
 class TorchPagedAttention(AttentionBackend):
+    """Correct anywhere; reads host copies of the metadata, so it cannot be graph-captured."""
+
     name = "torch"
+    supports_mla = True
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
         write_kv_ref(kv_cache, k, v, md.slot_mapping)
@@ -72,3 +75,12 @@ class TorchPagedAttention(AttentionBackend):
         return paged_attention_ref(
             q, kv_cache, md.query_start_loc_cpu, md.seq_lens_cpu, md.block_tables, scale, md.causal
         )
+
+    def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
+                    md: AttnMetadata, scale: float) -> torch.Tensor:
+        from core_runner.attention.mla import mla_attention_ref
+
+        if not md.causal:
+            raise NotImplementedError("MLA attention is implemented for causal attention only")
+        return mla_attention_ref(q_c, q_pe, latent_cache, md.query_start_loc_cpu, md.seq_lens_cpu,
+                                 md.block_tables, scale)

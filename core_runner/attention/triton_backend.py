@@ -10,11 +10,16 @@ import torch
 
 from core_runner.attention.backend import AttentionBackend, AttnMetadata
 from core_runner.kernels.kv_write import write_kv_triton
+from core_runner.kernels.mla_attention import mla_attention_triton
 from core_runner.kernels.paged_attention import paged_attention_triton
 
 
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
+    supports_mla = True
+    supports_cuda_graphs = True
+    needs_triton = True
+    capability = "triton_attention"
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
         write_kv_triton(kv_cache, k, v, md.slot_mapping)
@@ -31,3 +36,10 @@ class TritonPagedAttention(AttentionBackend):
             max_query_len=md.max_query_len,
             max_seq_len=md.max_seq_len,
         )
+
+    def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
+                    md: AttnMetadata, scale: float) -> torch.Tensor:
+        if not md.causal:
+            raise NotImplementedError("MLA attention is implemented for causal attention only")
+        return mla_attention_triton(q_c, q_pe, latent_cache, md.query_start_loc, md.seq_lens, md.block_tables,
+                                    scale, max_query_len=md.max_query_len)

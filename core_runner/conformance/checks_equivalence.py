@@ -299,7 +299,7 @@ def triton_equals_torch_attention(ctx: Ctx) -> None:
     recs = [Recorder(torch_e), Recorder(triton_e)]
     want, got = _mixed_workload(ctx, torch_e), _mixed_workload(ctx, triton_e)
     for rid, o in want.items():
-        if int(rid[1:]) % 2 == 0:  # greedy; the sampled ones use different samplers (torch vs Triton)
+        if int(rid[1:]) % 2 == 0:  # greedy; sampled tokens may flip on logit differences
             ctx.expect_tokens(got[rid].token_ids, o.token_ids, f"{rid}: Triton vs torch attention")
     for k, (a, b) in enumerate(zip(recs[0].steps, recs[1].steps)):
         for rid in a.req_ids:

@@ -319,12 +319,31 @@ def _prefix_caching(ctx: Ctx) -> str:
 
 @probe("attention_backend")
 def _attention_backend(ctx: Ctx) -> str:
-    text = _rejects(ctx, "attention_backend='flash'", attention_backend="flash")
+    text = _rejects(ctx, "attention_backend='flash' (not registered)", attention_backend="flash")
     e = ctx.engine(attention_backend="torch")
-    if e.plan.attention_backend != "torch":
-        fail(f"attention_backend='torch' planned {e.plan.attention_backend}")
+    if e.plan.attention_backend != "torch" or getattr(e.runner.backend, "name", None) != "torch":
+        fail(f"attention_backend='torch' planned {e.plan.attention_backend} (runner backend {e.runner.backend!r})")
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         expect_raises(lambda: ctx.engine(attention_backend="triton"), UnsupportedError,
                       "attention_backend='triton' on the CPU without TRITON_INTERPRET=1", match="triton")
         text += "; refuses 'triton' on the CPU without the interpreter"
-    return "'torch' picks the torch reference backend; " + text
+    cuda = _plan(ctx, attention_backend="torch", kernels="triton")
+    if cuda.attention_backend != "torch" or cuda.cuda_graphs:
+        fail(f"attention_backend='torch' on CUDA planned {cuda} (torch attention cannot be captured)")
+    return "'torch' picks the torch reference backend (and no CUDA graphs on CUDA); " + text
+
+
+@probe("kernels")
+def _kernels(ctx: Ctx) -> str:
+    text = _rejects(ctx, "kernels='cuda'", kernels="cuda")
+    e = ctx.engine(kernels="torch")
+    if e.plan.kernels != "torch" or e.runner.triton:
+        fail(f"kernels='torch' planned kernels={e.plan.kernels!r} (runner triton={e.runner.triton})")
+    cuda = _plan(ctx, kernels="torch")
+    if cuda.kernels != "torch" or cuda.cuda_graphs:
+        fail(f"kernels='torch' on CUDA planned {cuda} (graphs need the Triton kernels)")
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        expect_raises(lambda: ctx.engine(kernels="triton"), UnsupportedError,
+                      "kernels='triton' on the CPU without TRITON_INTERPRET=1", match="kernels='triton'")
+        text += "; refuses 'triton' on the CPU without the interpreter"
+    return "'torch' plans the torch reference layers and sampler (no CUDA graphs on CUDA); " + text

@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from core_runner.attention.backend import get_backend
+from core_runner.attention.registry import check_model_fits, get_backend
 from core_runner.config import EngineConfig
 from core_runner.engine.debug import EngineDebug
 from core_runner.engine.engine_core import EngineCore
@@ -69,9 +69,11 @@ class LLMEngine:
         self.model = build_model(model_cls, self.hf_config, self.dtype, config.device, config.model)
         state_cls = self.registration.load_model_state_class()
         self.model_state = state_cls(config, self.model, torch.device(config.device))
+        backend = get_backend(self.plan.attention_backend)
+        check_model_fits(backend, self.model, self.architecture)  # e.g. MLA layers need supports_mla
         self.runner = ModelRunner(
-            config, self.model, self.model_state, get_backend(self.plan.attention_backend),
-            triton_kernels=self.plan.attention_backend == "triton", cuda_graphs=self.plan.cuda_graphs,
+            config, self.model, self.model_state, backend,
+            triton_kernels=self.plan.kernels == "triton", cuda_graphs=self.plan.cuda_graphs,
         )
         self.memory_probe = memory_probe or available_memory
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()

@@ -15,9 +15,9 @@ What it needs per step comes from the forward context, ``attn_metadata.extra["ma
 - ``query_start_loc`` / ``query_start_loc_cpu``,
 - ``write_state``: False for dummy runs, which must leave every row untouched.
 
-With the Triton backend the conv and scan run as Triton kernels (graph safe; steps with
-prefill tokens use the chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise
-the torch references in ``core_runner.kernels.mamba_ref`` run one request at a time.
+With kernels='triton' (``use_triton_kernels``; the attention backend does not matter)
+the conv and scan run as Triton kernels (graph safe; steps with prefill tokens use the
+chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise the torch references in ``core_runner.kernels.mamba_ref`` run one request at a time.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core_runner.forward_context import get_forward_context
+from core_runner.forward_context import get_forward_context, use_triton_kernels
 from core_runner.kv_cache_spec import RowStateSpec
 from core_runner.layers.linear import Linear, default_weight_loader
 
@@ -123,7 +123,7 @@ class Mamba2Mixer(nn.Module):
         A = -torch.exp(self.A_log.float())
         weight = self.conv1d.weight.view(self.conv_dim, self.d_conv)
         gn = self.n_groups * self.d_state
-        if getattr(ctx.backend, "name", "") == "triton":
+        if use_triton_kernels(hidden):
             from core_runner.kernels.mamba_ssd_triton import ssd_chunk_scan_varlen_triton
             from core_runner.kernels.mamba_triton import causal_conv1d_varlen_triton, ssm_scan_varlen_triton
 

@@ -20,6 +20,9 @@ from core_runner.kv_cache_spec import PagedCacheSpec
 
 
 class MLAAttention(nn.Module):
+    # the engine refuses, at construction, an attention backend that does not declare this
+    needs_attention_capability = "supports_mla"
+
     def __init__(self, num_heads: int, kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
                  v_head_dim: int, scale: float) -> None:
         super().__init__()

@@ -165,7 +165,7 @@ class ModelRunner:
         key = batch.graph_key
         if key is not None and self.graphs is not None and self.graphs.has(key) and not batch.is_dummy:
             return self.graphs.replay(key)
-        with set_forward_context(attn, self.backend):
+        with set_forward_context(attn, self.backend, "triton" if self.triton else "torch"):
             return self.model(batch.input_ids, batch.positions, **extra)
 
     def _run(self, batch: InputBatch) -> AsyncOutput:
@@ -218,7 +218,7 @@ class ModelRunner:
             attn = self.model_state.prepare_attn(batch, for_capture=True)
 
             def run(batch=batch, extra=extra, attn=attn) -> torch.Tensor:
-                with set_forward_context(attn, self.backend):
+                with set_forward_context(attn, self.backend, "triton" if self.triton else "torch"):
                     return self.model(batch.input_ids, batch.positions, **extra)
 
             self.graphs.capture(key, run)

@@ -1,6 +1,5 @@
 """rms_norm_triton against the RMSNorm layer's torch code: 2-D and strided 3-D inputs,
 the fused residual add (exact sum), inputs left untouched, and the layer's dispatch."""
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -96,7 +95,7 @@ def test_layer_dispatch(device, monkeypatch):
     g = torch.Generator().manual_seed(5)
     x, r = torch.randn(2, 5, 64, generator=g).to(device)
     heads = torch.randn(5, 3 * 64, generator=g).to(device)[:, 64:].reshape(5, 2, 64)  # strided 3-D
-    with set_forward_context(None, SimpleNamespace(name="triton")):
+    with set_forward_context(None, None, "triton"):
         out, s = m(x, r)
         out3 = m(heads)
     assert calls == [1, 1]
@@ -104,7 +103,7 @@ def test_layer_dispatch(device, monkeypatch):
     assert torch.equal(s, ref_s)
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out3, _ref(m, heads), atol=1e-5, rtol=1e-5)
-    with set_forward_context(None, SimpleNamespace(name="torch")):
+    with set_forward_context(None, None, "torch"):
         m(x, r)
         m(heads)
     assert calls == [1, 1]

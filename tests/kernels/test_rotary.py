@@ -1,6 +1,5 @@
 """rotary_triton against the RotaryEmbedding layer's torch code: strided q/k views,
 rotary_dim < head_size (pass-through tail), shuffled positions, and the layer's dispatch."""
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -65,13 +64,13 @@ def test_layer_dispatch(device, monkeypatch):
     monkeypatch.setattr(rope_mod, "rotary_triton", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     rope = RotaryEmbedding(32, 16, MAX_POS, 10000.0).to(device)
     positions, q, k = _qk(6, 4, 2, 32, device, seed=8)
-    with set_forward_context(None, SimpleNamespace(name="triton")):
+    with set_forward_context(None, None, "triton"):
         q_out, k_out = rope(positions, q, k)
     assert calls == [1]
     q_ref, k_ref = _ref(rope, positions, q, k)
     torch.testing.assert_close(q_out, q_ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k_out, k_ref, atol=1e-5, rtol=1e-5)
-    with set_forward_context(None, SimpleNamespace(name="torch")):
+    with set_forward_context(None, None, "torch"):
         rope(positions, q, k)
     assert calls == [1]
 

@@ -26,10 +26,10 @@ def ckpt(tmp_path_factory):
 
 def test_triton_runner_matches_transformers(ckpt, device):
     path, hf = ckpt
-    llm = LLM(path, device=device, dtype="float32", attention_backend="triton" if device == "cpu" else None,
+    llm = LLM(path, device=device, dtype="float32", kernels="triton" if device == "cpu" else None,
               max_model_len=64, max_num_seqs=4, block_size=4, num_kv_blocks=16, max_num_batched_tokens=16,
               async_scheduling=True)
-    assert llm.engine.plan.attention_backend == "triton"
+    assert llm.engine.plan.kernels == "triton" and llm.engine.plan.attention_backend == "triton"
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (1, 13, 22, 35)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True))

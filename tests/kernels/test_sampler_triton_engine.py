@@ -35,8 +35,8 @@ def test_triton_sampling_path_equals_torch_path(ckpt, device):
     ]
     opts = dict(dtype="float32", max_model_len=32, max_num_seqs=2, block_size=4, num_kv_blocks=16,
                 max_num_batched_tokens=5)
-    ref = LLM(ckpt, device="cpu", attention_backend="torch", **opts).generate(prompts, params)
-    llm = LLM(ckpt, device=device, attention_backend="triton" if device == "cpu" else None, **opts)
+    ref = LLM(ckpt, device="cpu", kernels="torch", **opts).generate(prompts, params)
+    llm = LLM(ckpt, device=device, kernels="triton" if device == "cpu" else None, **opts)
     assert llm.engine.runner.sampler.use_triton
     got = llm.generate(prompts, params)
     for a, b in zip(got, ref):
