@@ -16,8 +16,9 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from core_runner.attention.registry import backend_class
+from core_runner.attention.registry import backend_class, backend_names, backends_with
 from core_runner.config import EngineConfig
 from core_runner.registry import Registration
 
@@ -114,6 +115,9 @@ def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on
     downgrade), except one asked for on the CPU, which is an error."""
     name = config.attention_backend or ("triton" if kernels == "triton" else "torch")
     what = f"{name[:1].upper()}{name[1:]} attention"
+    if name not in backend_names():
+        raise UnsupportedError(f"attention_backend={name!r} is invalid: registered backends are "
+                               f"{', '.join(map(repr, backend_names()))} (core_runner.attention.registry)")
     try:
         cls = backend_class(name)
     except ImportError as e:
@@ -133,3 +137,22 @@ def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on
         logger.info("Triton attention off: attention backend %r (%s)", name,
                     "asked for" if config.attention_backend else f"kernels={kernels!r}")
     return name
+
+
+def check_model_fits(backend: Any, model: Any, architecture: str) -> None:
+    """Refuse an attention backend that lacks a capability some layer of ``model`` (an
+    nn.Module) needs: the layer class declares ``needs_attention_capability`` (MLAAttention:
+    "supports_mla") and the backend (class or instance) must declare that attribute true.
+    Called at engine construction, so the error names the layer, the backend and the
+    backends that would do, instead of a forward failing later."""
+    for layer, module in model.named_modules():
+        need = getattr(type(module), "needs_attention_capability", None)
+        if need is None or getattr(backend, need, False):
+            continue
+        name = getattr(backend, "name", type(backend).__name__)
+        fits = backends_with(need)
+        raise UnsupportedError(
+            f"{architecture} has a {type(module).__name__} layer ({layer or 'the model'}) that needs an attention "
+            f"backend with {need}=True, but attention backend {name!r} declares {need}={getattr(backend, need, False)}"
+            f"; use attention_backend={' or '.join(map(repr, fits)) if fits else 'a backend that supports it'}"
+        )

@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 
 import pytest
+from helpers import greedy, make_engine, random_prompts, run
 
 from core_runner.attention.registry import backend_names, get_backend, register_backend, unregister_backend
 from core_runner.attention.torch_backend import TorchPagedAttention
 from core_runner.config import EngineConfig
 from core_runner.oracle import UnsupportedError, plan_execution
 from core_runner.registry import Registry
-from helpers import greedy, make_engine, random_prompts, run
 
 
 def _reg(**caps):
@@ -76,8 +76,11 @@ def test_kernels_option_is_validated(monkeypatch):
 
 
 def test_unknown_backend_lists_the_registered_names():
-    with pytest.raises(ValueError, match=r"attention_backend='flash' is invalid: .*'torch', 'triton'"):
-        EngineConfig(model="x", attention_backend="flash")
+    with pytest.raises(UnsupportedError, match=r"attention_backend='flash' is invalid: registered backends are "
+                                               r"'torch', 'triton'"):
+        plan_execution(EngineConfig(model="x", attention_backend="flash"), _reg())
+    with pytest.raises(ValueError, match="attention_backend=3 is invalid"):
+        EngineConfig(model="x", attention_backend=3)
     with pytest.raises(ValueError, match=r"attention backend 'flash' is unknown: registered backends are "
                                          r"'torch', 'triton'"):
         get_backend("flash")

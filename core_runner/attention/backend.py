@@ -79,6 +79,3 @@ class AttentionBackend(ABC):
         returns softmax(q_c.c + q_pe.k_pe) @ c as [T, H, L]. A backend that implements it
         declares ``supports_mla = True``; the engine never routes MLA to one that does not."""
         raise NotImplementedError(f"attention backend {self.name!r} declares supports_mla=False")
-
-
-from core_runner.attention.registry import get_backend  # noqa: F401  (the name -> backend registry)

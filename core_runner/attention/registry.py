@@ -8,7 +8,9 @@ built-in one, anywhere before the engine is built for another).
 
 Capabilities a backend class declares (see ``AttentionBackend``): ``supports_mla``,
 ``supports_cuda_graphs``, ``needs_triton`` and ``capability`` (the model capability,
-such as ``triton_attention``, that a family declares to allow it).
+such as ``triton_attention``, that a family declares to allow it). A layer that needs a
+backend capability declares ``needs_attention_capability`` (MLAAttention: "supports_mla");
+``oracle.check_model_fits`` refuses the pair at engine construction.
 """
 from __future__ import annotations
 
@@ -77,27 +79,6 @@ def backends_with(capability: str) -> list[str]:
         except ImportError:
             pass
     return out
-
-
-def check_model_fits(backend: Any, model: Any, architecture: str) -> None:
-    """Refuse a backend that lacks a capability some layer of ``model`` (an nn.Module)
-    needs: a layer class declares ``needs_attention_capability = "supports_mla"`` (say)
-    and the backend (class or instance) must declare that attribute true. Raises
-    UnsupportedError naming the layer, the backend and the backends that would do."""
-    for layer, module in model.named_modules():
-        need = getattr(type(module), "needs_attention_capability", None)
-        if need is None or getattr(backend, need, False):
-            continue
-        from core_runner.oracle import UnsupportedError
-
-        name = getattr(backend, "name", type(backend).__name__)
-        layer = layer or type(module).__name__
-        fits = backends_with(need)
-        raise UnsupportedError(
-            f"{architecture} has a {type(module).__name__} layer ({layer}) that needs an attention backend with "
-            f"{need}=True, but attention backend {name!r} declares {need}={getattr(backend, need, False)}; use "
-            f"attention_backend={' or '.join(repr(n) for n in fits) if fits else 'a backend that supports it'}"
-        )
 
 
 register_backend("torch", "core_runner.attention.torch_backend:TorchPagedAttention")

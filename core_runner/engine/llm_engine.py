@@ -9,7 +9,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from core_runner.attention.registry import check_model_fits, get_backend
+from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
 from core_runner.engine.debug import EngineDebug
 from core_runner.engine.engine_core import EngineCore
@@ -22,7 +22,7 @@ from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
     architecture_of, build_model, eos_token_ids, load_hf_config, load_tokenizer, resolve_dtype,
 )
-from core_runner.oracle import plan_execution
+from core_runner.oracle import check_model_fits, plan_execution
 from core_runner.plugins import PluginManager, load_plugins
 from core_runner.pooling_params import PoolingParams
 from core_runner.runner.model_runner import ModelRunner

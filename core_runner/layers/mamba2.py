@@ -17,7 +17,8 @@ What it needs per step comes from the forward context, ``attn_metadata.extra["ma
 
 With kernels='triton' (``use_triton_kernels``; the attention backend does not matter)
 the conv and scan run as Triton kernels (graph safe; steps with prefill tokens use the
-chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise the torch references in ``core_runner.kernels.mamba_ref`` run one request at a time.
+chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise the torch references
+in ``core_runner.kernels.mamba_ref`` run one request at a time.
 """
 from __future__ import annotations
 
