@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from core_runner import SamplingParams
-from core_runner.kernels.top_k_top_p import apply_top_k_top_p_ref, top_k_top_p_threshold_ref
+from core_runner.sample.gumbel import Draw, inverse_temperature
 from core_runner.sample.logit_bias import apply_logit_edits, pack_edits, row_edits
 from core_runner.sample.logprobs import compute_logprobs
-from core_runner.sample.metadata import PenaltyInputs, SamplingMetadata
-from core_runner.sample.penalties import apply_penalties
-from core_runner.sample.sampler import Sampler, inverse_temperature
+from core_runner.sample.penalties import PenaltyInputs, apply_penalties
+from core_runner.sample.sampler import StepInputs, sample_inputs
+from core_runner.sample.top_k_top_p import Cuts, apply_top_k_top_p_ref, top_k_top_p_threshold_ref
 
 NEG_INF = float("-inf")
 Z_999 = 3.0902  # standard normal quantile at 0.999
@@ -49,13 +49,12 @@ def kept_by_definition(x: list[float], top_k: int, top_p: float, min_p: float) -
 
 def _meta(n, temperature, top_k=-1, top_p=1.0, min_p=0.0, seed=7, positions=None):
     inv = inverse_temperature(torch.full((n,), float(temperature)))
-    m = SamplingMetadata(inv_temp=inv, seeds=torch.full((n,), seed, dtype=torch.int64),
-                         positions=torch.arange(n) if positions is None else positions,
-                         any_random=temperature > 0)
+    draw = Draw(inv_temp=inv, seeds=torch.full((n,), seed, dtype=torch.int64),
+                positions=torch.arange(n) if positions is None else positions)
+    m = StepInputs(draw if temperature > 0 else None)
     if top_k > 0 or top_p < 1 or min_p > 0:
-        m.top_k = torch.full((n,), top_k, dtype=torch.int32)
-        m.top_p = torch.full((n,), top_p)
-        m.log_min_p = torch.full((n,), min_p).log()
+        m.cuts = Cuts(torch.full((n,), top_k, dtype=torch.int32), torch.full((n,), top_p),
+                      torch.full((n,), min_p).log())
     return m
 
 
@@ -72,7 +71,7 @@ ROW = torch.tensor([2.0, 1.5, 1.2, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, NEG_INF, 0.7
 def test_gumbel_draws_fit_the_cut_softmax(temperature, top_k, top_p, min_p):
     n = 30000
     logits = ROW.repeat(n, 1)
-    out = Sampler()(logits, _meta(n, temperature, top_k, top_p, min_p)).sampled
+    out = sample_inputs(logits, _meta(n, temperature, top_k, top_p, min_p)).sampled
     counts = torch.bincount(out, minlength=ROW.numel()).double()
     x = (ROW / temperature).tolist()
     kept = sorted(kept_by_definition(x, top_k, top_p, min_p))
@@ -103,9 +102,9 @@ def test_minus_inf_logits_never_sampled():
     banned[:, 0] = False  # at least one finite token per row
     logits[banned] = NEG_INF
     for temperature, top_p in ((1.0, 1.0), (3.0, 1.0), (0.3, 0.9)):
-        out = Sampler()(logits, _meta(n, temperature, top_p=top_p)).sampled
+        out = sample_inputs(logits, _meta(n, temperature, top_p=top_p)).sampled
         assert not bool(banned.gather(1, out[:, None]).any())
-    greedy = Sampler()(logits, _meta(n, 0.0)).sampled
+    greedy = sample_inputs(logits, _meta(n, 0.0)).sampled
     assert torch.equal(greedy, logits.argmax(dim=-1))
 
 
@@ -118,8 +117,8 @@ def test_no_token_wins_on_an_infinite_draw():
     logits[:, 124594] = -50.0
     logits[1, 124594] = NEG_INF
     m = _meta(2, 1.0, positions=torch.tensor([7, 7]))
-    m.seeds = torch.tensor([0, 0])
-    out = Sampler()(logits, m).sampled
+    m.draw.seeds = torch.tensor([0, 0])
+    out = sample_inputs(logits, m).sampled
     assert 124594 not in out.tolist()
 
 
@@ -127,9 +126,9 @@ def test_same_seed_and_position_give_same_token_in_any_row():
     g = torch.Generator().manual_seed(6)
     logits = torch.randn(6, 50, generator=g)
     m = _meta(6, 0.9, top_p=0.9, positions=torch.tensor([3, 3, 4, 3, 3, 9]))
-    m.seeds = torch.tensor([1, 1, 1, 2, 1, 1])
+    m.draw.seeds = torch.tensor([1, 1, 1, 2, 1, 1])
     row = logits[0].repeat(6, 1)
-    out = Sampler()(row, m).sampled.tolist()
+    out = sample_inputs(row, m).sampled.tolist()
     assert out[0] == out[1] == out[4]  # same (seed, position): same draw in any row
     assert len({out[0], out[2], out[3], out[5]}) > 1  # other keys: other draws
 

@@ -81,7 +81,7 @@ def test_logprobs_beyond_max_rejected_at_request_time(untied):
 # ---------------------------------------------------------------------------------
 def _count_prompt_positions(engine) -> list[int]:
     """Wrap the runner's prompt-logprob step to count the positions it computes."""
-    pl = engine.runner.prompt_logprobs
+    pl = engine.runner.sampling.prompt_logprobs
     inner, counted = pl.compute, []
 
     def compute(*args, **kw):
@@ -107,7 +107,7 @@ def _check_prompt_logprobs(ckpt, out, k):
 def test_prompt_logprobs_equal_full_forward(untied, budget, max_rows):
     prompts = random_prompts([30, 11, 1], seed=83)
     e = make_engine(untied, max_num_batched_tokens=budget)
-    e.runner.prompt_logprobs.max_rows = max_rows
+    e.runner.sampling.prompt_logprobs.max_rows = max_rows
     counted = _count_prompt_positions(e)
     rec = Recorder(e)
     outs = run(e, [
@@ -129,7 +129,7 @@ def test_prompt_logprobs_equal_full_forward(untied, budget, max_rows):
 @pytest.mark.parametrize("blocks, budget", [(20, 6), (18, 8)])
 def test_prompt_logprobs_survive_preemption(untied, blocks, budget):
     e = make_engine(untied, max_model_len=64, block_size=4, num_kv_blocks=blocks, max_num_batched_tokens=budget)
-    e.runner.prompt_logprobs.max_rows = 4
+    e.runner.sampling.prompt_logprobs.max_rows = 4
     counted = _count_prompt_positions(e)
     rec = Recorder(e)
     comp = random_prompts([14, 12, 10], seed=61)
@@ -258,33 +258,31 @@ def test_reused_row_forgets_every_setting(untied):
     e.add_request(z_prompt, SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True), req_id="Z")
     step_until(e, outs, lambda: "Z" in rs.req_id_to_row)
     assert rs.req_id_to_row["Z"] == row
-    assert all(row not in users for users in e.runner.sampling.users.values())
+    assert all(row not in s.users for s in e.runner.sampling.stages)
     drain(e, outs)
     z = outs["Z"]
     assert z.token_ids == hf_greedy(untied, z_prompt, 10)
     assert z.logprobs is None and z.prompt_logprobs is None and z.stop_reason is None
 
 
-@pytest.mark.parametrize("other, top_p_only, all_top_p", [
-    (dict(top_p=0.5), True, True), (dict(top_k=5), False, False), (dict(min_p=0.1), False, False),
-    (dict(temperature=0.0, top_k=5), True, False), (dict(), True, False)])
-def test_metadata_says_when_every_cut_is_top_p_alone(untied, monkeypatch, other, top_p_only, all_top_p):
-    """``top_p_only`` (the Sampler's choice of the split cut kernel) holds exactly when no
-    sampled row of the batch cuts with top-k or min-p (a greedy row's settings do not count);
-    ``all_top_p`` (the cut kernel leaves out the other rows' draw) when moreover every row
-    is sampled with top-p (not a greedy row, not a row without a cut)."""
-    from core_runner.sample.sampler import Sampler
+@pytest.mark.parametrize("other, cuts", [
+    (dict(top_p=0.5), True), (dict(top_k=5), True), (dict(min_p=0.1), True),
+    (dict(temperature=0.0, top_k=5), False), (dict(), False)])
+def test_cut_stage_runs_only_when_a_sampled_row_cuts(untied, monkeypatch, other, cuts):
+    """The cut stage gathers its settings exactly when a sampled row of the batch cuts (a
+    greedy row's settings do not count), decided from host mirrors."""
+    import core_runner.sample.sampler as sampler
 
     seen = []
-    cut = Sampler._cut_sample
+    draw_tokens = sampler.draw_tokens
 
-    def spy(self, work, meta):
-        seen.append((meta.top_p_only, meta.all_top_p))
-        return cut(self, work, meta)
+    def spy(x, draw, c, use_triton):
+        seen.append(c is not None)
+        return draw_tokens(x, draw, c, use_triton)
 
-    monkeypatch.setattr(Sampler, "_cut_sample", spy)
+    monkeypatch.setattr(sampler, "draw_tokens", spy)
     e = make_engine(untied, max_num_seqs=2)
     a, b = random_prompts([6, 7], seed=91)
-    run(e, [("A", a, SamplingParams(max_tokens=3, temperature=0.8, top_p=0.9, seed=1, ignore_eos=True)),
+    run(e, [("A", a, SamplingParams(max_tokens=3, temperature=0.8, seed=1, ignore_eos=True)),
             ("B", b, SamplingParams(max_tokens=3, seed=2, ignore_eos=True, **{"temperature": 0.8, **other}))])
-    assert seen and all(s == (top_p_only, all_top_p) for s in seen), seen
+    assert seen and all(s == cuts for s in seen), seen

@@ -24,10 +24,8 @@ from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManag
 from core_runner.step_data.input_batch import InputBatch, InputBuffers
 from core_runner.runner.output import ModelRunnerOutput
 from core_runner.runner.request_state import RequestState
+from core_runner.sample import SamplerOutput, SamplingState, sample
 from core_runner.sample.logprobs import StepLogprobs
-from core_runner.sample.prompt_logprobs import PromptLogprobs
-from core_runner.sample.sampler import Sampler, SamplerOutput
-from core_runner.sample.sampling_state import SamplingState
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +46,8 @@ class ModelRunner:
         self.req_state = RequestState(
             config.max_num_seqs, config.max_model_len, config.max_blocks_per_req, self.device
         )
-        self.sampling = SamplingState(self.req_state.num_rows, self.device)
-        self.sampler = Sampler(use_triton=triton_kernels)
-        self.prompt_logprobs = PromptLogprobs(self.sampling, use_triton=triton_kernels)
+        self.sampling = SamplingState(self.req_state.num_rows, self.device, self.req_state.tables()["token_ids"])
+        self.sampler_triton = triton_kernels
         self.generates = "generate" in model_state.supported_tasks
         self.kv_caches: dict[str, Any] = {}
         self.graphs = None
@@ -86,12 +83,12 @@ class ModelRunner:
         for req_id in out.finished_req_ids | out.preempted_req_ids:
             row = self.req_state.remove(req_id)
             if row is not None:
-                self.sampling.remove(row)
+                self.sampling.remove_request(row)
                 self.model_state.remove_request(row)
         # 2. additions
         for new in out.new_reqs:
             row = self.req_state.add(new)
-            self.sampling.add(row, new)
+            self.sampling.add_request(row, new)
             self.model_state.add_request(row, new)
         # 3. block-table appends, then every staged write at once
         for req_id, block_ids in out.new_block_ids.items():
@@ -187,7 +184,7 @@ class ModelRunner:
         if batch.is_dummy:
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, []))
         tables = self.req_state.tables()
-        prompt = self.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, tables["token_ids"])
+        prompt = self.sampling.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, self.sampler_triton)
         # 9. post-update on the device, 10. family post-processing, async copy-out
         idx = batch.idx_mapping[:n]
         post_args = (idx, num_sched, sampled, tables["num_computed"], tables["num_tokens"], tables["token_ids"])
@@ -202,9 +199,7 @@ class ModelRunner:
         return AsyncOutput(batch.req_ids, sampled, None, self.copy_stream, extra)
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor) -> SamplerOutput:
-        tables = self.req_state.tables()
-        meta = self.sampling.metadata(batch, logits.shape[-1], tables["token_ids"], tables["num_prompt_tokens"])
-        return self.sampler(logits, meta)
+        return sample(logits, batch, self.sampling, self.sampler_triton)
 
     # ---- CUDA graphs: capture is its own path -----------------------------------------
     @torch.inference_mode()

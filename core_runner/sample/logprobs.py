@@ -6,8 +6,9 @@ The top-k ids come from the logits (``torch.topk``: [n, k] out, no sort of the r
 then ``logsumexp`` and the given token's rank are found in one pass per row; a
 logprob is logit - logsumexp, so only k + 1 values per row are ever formed.
 
-``StepLogprobs`` holds one step's device tensors; ``AsyncOutput`` copies them to the
-host with the sampled ids and calls ``fill`` to turn them into per-request dicts.
+``LogprobsStage`` keeps each row's k; ``StepLogprobs`` holds one step's device tensors,
+which ``AsyncOutput`` copies to the host with the sampled ids before ``fill`` turns them
+into per-request dicts. The Triton twin of ``logsumexp_rank_ref`` is in ``logprobs_triton.py``.
 """
 from __future__ import annotations
 
@@ -15,7 +16,24 @@ from dataclasses import dataclass
 
 import torch
 
-from core_runner.kernels.logprobs import logsumexp_rank_ref
+from core_runner.sample.stage import Stage, Step, host_to_device
+from core_runner.step_data.scheduler_output import NewRequest
+
+ROWS_PER_CHUNK = 64  # the reference's temporaries stay [64, V]
+
+
+def logsumexp_rank_ref(logits: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[n, V] logits, [n] token ids -> (logsumexp [n] f32, token logit [n] f32, rank [n] i64);
+    rank = 1 + the number of tokens with a strictly larger logit (ties share the best rank)."""
+    n = logits.shape[0]
+    lse = torch.empty(n, dtype=torch.float32, device=logits.device)
+    rank = torch.empty(n, dtype=torch.int64, device=logits.device)
+    tok = logits.gather(1, token_ids.long()[:, None])[:, 0].float()
+    for s in range(0, n, ROWS_PER_CHUNK):
+        chunk = logits[s: s + ROWS_PER_CHUNK].float()
+        lse[s: s + ROWS_PER_CHUNK] = torch.logsumexp(chunk, dim=-1)
+        rank[s: s + ROWS_PER_CHUNK] = (chunk > tok[s: s + ROWS_PER_CHUNK, None]).sum(dim=-1) + 1
+    return lse, tok, rank
 
 
 @dataclass(slots=True)
@@ -37,7 +55,7 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, use_
     """Raw logprobs of ``token_ids`` and of each row's ``k`` most likely tokens."""
     logits = logits.float()
     if use_triton:
-        from core_runner.kernels.logprobs_triton import logsumexp_rank_triton
+        from core_runner.sample.logprobs_triton import logsumexp_rank_triton
 
         lse, tok, rank = logsumexp_rank_triton(logits, token_ids)
     else:
@@ -45,6 +63,44 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, use_
     k = min(max(k, 0), logits.shape[1])
     top_vals, top_ids = logits.topk(k, dim=-1) if k else (logits[:, :0], logits[:, :0].long())
     return LogprobTensors(token_ids.long(), tok - lse, rank, top_ids, top_vals - lse[:, None])
+
+
+class LogprobsStage(Stage):
+    """The number of logprobs each row asked for (-1: none); host only."""
+
+    def __init__(self, num_rows: int, device: torch.device) -> None:
+        super().__init__(num_rows, device)
+        self.k = [-1] * num_rows
+
+    def add_request(self, row: int, req: NewRequest) -> None:
+        sp = req.sampling_params
+        self.k[row] = -1 if sp is None or sp.logprobs is None else sp.logprobs
+        self.users.discard(row)
+        if self.k[row] >= 0:
+            self.users.add(row)
+
+    def remove_request(self, row: int) -> None:
+        super().remove_request(row)
+        self.k[row] = -1
+
+    def prepare(self, step: Step) -> list[tuple[int, int]]:
+        """(batch position, k) of the rows that want logprobs."""
+        return [(i, self.k[step.rows[i]]) for i in self.in_batch(step)]
+
+
+def gather_logprobs(raw: torch.Tensor, sampled: torch.Tensor, rows: list[tuple[int, int]],
+                    use_triton: bool) -> LogprobTensors:
+    """Raw logprobs of the rows ``rows`` (batch position, k), in that order. A minority of the
+    batch is gathered first (an r x V copy); otherwise every row is computed (no copy) and
+    the small results are gathered."""
+    k = max(k for _, k in rows)
+    if len(rows) == raw.shape[0] and all(i == j for j, (i, _) in enumerate(rows)):
+        return compute_logprobs(raw, sampled, k, use_triton)
+    idx = host_to_device(torch.tensor([i for i, _ in rows], dtype=torch.int64), raw.device)
+    if 2 * len(rows) <= raw.shape[0]:
+        return compute_logprobs(raw.index_select(0, idx), sampled.index_select(0, idx), k, use_triton)
+    lp = compute_logprobs(raw, sampled, k, use_triton)
+    return LogprobTensors(*(getattr(lp, f).index_select(0, idx) for f in LogprobTensors.__slots__))
 
 
 def _entries(lists: tuple[list, ...], rows: range | list[int], ks: list[int]) -> list[dict[int, float]]:

@@ -18,9 +18,25 @@ subtractions of the reference, in the same order.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from core_runner.sample.metadata import PenaltyInputs
+from core_runner.sample.stage import Stage, Step, host_to_device
+from core_runner.step_data.scheduler_output import NewRequest
+
+
+@dataclass(slots=True)
+class PenaltyInputs:
+    """The rows that use a penalty, with their known tokens read from the token table."""
+
+    batch_idx: torch.Tensor  # [p] int64 batch positions
+    token_ids: torch.Tensor  # [p, L] prompt then output tokens (columns >= seq_lens are stale)
+    seq_lens: torch.Tensor  # [p] tokens known when this step's token is sampled
+    num_prompt: torch.Tensor  # [p] prompt length (outputs start there)
+    repetition: torch.Tensor | None  # [p] float32, None when no row of the batch uses it
+    frequency: torch.Tensor | None  # [p] float32; set together with presence
+    presence: torch.Tensor | None
 
 
 def apply_penalties(logits: torch.Tensor, p: PenaltyInputs) -> None:
@@ -55,3 +71,48 @@ def apply_penalties(logits: torch.Tensor, p: PenaltyInputs) -> None:
         flat.scatter_add_(0, idx, freq.view(-1))
         pres = torch.where(first, -p.presence[:, None].expand(num, length), zero)
         flat.scatter_add_(0, idx, pres.reshape(-1))
+
+
+class PenaltiesStage(Stage):
+    """The three penalties and the prompt length of each row; reads the runner's token table."""
+
+    def __init__(self, num_rows: int, device: torch.device, token_ids: torch.Tensor | None) -> None:
+        super().__init__(num_rows, device, {"repetition_penalty": torch.float32, "frequency_penalty": torch.float32,
+                                            "presence_penalty": torch.float32, "num_prompt": torch.int32})
+        self.token_ids = token_ids  # [rows, max_model_len], the runner's table
+        self.rep_users: set[int] = set()
+
+    def add_request(self, row: int, req: NewRequest) -> None:
+        sp = req.sampling_params
+        rep, freq, pres = (sp.repetition_penalty, sp.frequency_penalty, sp.presence_penalty) if sp else (1.0, 0.0, 0.0)
+        self.write(row, repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres,
+                   num_prompt=req.num_prompt_tokens)
+        self.remove_request(row)
+        if rep != 1.0:
+            self.rep_users.add(row)
+        if freq != 0.0 or pres != 0.0:
+            self.users.add(row)
+
+    def remove_request(self, row: int) -> None:
+        self.users.discard(row)
+        self.rep_users.discard(row)
+
+    def prepare(self, step: Step, vocab: int) -> PenaltyInputs | None:
+        fp = set(self.in_batch(step))
+        rep = {i for i, r in enumerate(step.rows) if r in self.rep_users} if self.rep_users else set()
+        if not fp and not rep:
+            return None
+        pen = sorted(fp | rep)
+        length = max(int(step.batch.seq_lens_cpu[i]) for i in pen)
+        bi = host_to_device(torch.tensor(pen, dtype=torch.int64), self.device)
+        prow = step.idx[bi]
+        table = lambda name: self.staged[name].gpu[prow]  # noqa: E731
+        return PenaltyInputs(
+            batch_idx=bi, token_ids=self.token_ids[prow, :length], seq_lens=step.batch.seq_lens[bi],
+            num_prompt=table("num_prompt"), repetition=table("repetition_penalty") if rep else None,
+            frequency=table("frequency_penalty") if fp else None, presence=table("presence_penalty") if fp else None,
+        )
+
+    @staticmethod
+    def apply(logits: torch.Tensor, inputs: PenaltyInputs) -> None:
+        apply_penalties(logits, inputs)

@@ -18,46 +18,62 @@ from typing import Callable
 import torch
 
 from core_runner.sample.logprobs import LogprobTensors, compute_logprobs
-from core_runner.sample.metadata import host_to_device
-from core_runner.sample.sampling_state import SamplingState
+from core_runner.sample.stage import Stage, Step, host_to_device
+from core_runner.step_data.input_batch import InputBatch
+from core_runner.step_data.scheduler_output import NewRequest
 
-DEFAULT_MAX_ROWS = 128  # x vocab 151,936 x 4 bytes = 78 MB of logits per sub-chunk
+MAX_ROWS = 128  # x vocab 151,936 x 4 bytes = 78 MB of logits per sub-chunk
 
 
-class PromptLogprobs:
-    def __init__(self, state: SamplingState, use_triton: bool = False, max_rows: int = DEFAULT_MAX_ROWS) -> None:
-        self.state = state
-        self.use_triton = use_triton
+class PromptLogprobsStage(Stage):
+    """Per row (host only): k, the prompt length and the next position without a logprob."""
+
+    def __init__(self, num_rows: int, device: torch.device, token_ids: torch.Tensor | None,
+                 max_rows: int = MAX_ROWS) -> None:
+        super().__init__(num_rows, device)
+        self.token_ids = token_ids  # the runner's token table
         self.max_rows = max_rows
+        self.rows = [(-1, 0, 0)] * num_rows  # (k, num_prompt_tokens, next position)
+
+    def add_request(self, row: int, req: NewRequest) -> None:
+        sp = req.sampling_params
+        k = -1 if sp is None or sp.prompt_logprobs is None else sp.prompt_logprobs
+        self.rows[row] = (k, req.num_prompt_tokens, max(1, req.prompt_logprobs_start))
+        self.users.discard(row)
+        if k >= 0 and self.rows[row][2] < req.num_prompt_tokens:
+            self.users.add(row)
+
+    def remove_request(self, row: int) -> None:
+        super().remove_request(row)
+        self.rows[row] = (-1, 0, 0)
 
     def compute(
-        self, batch, hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor],
-        token_ids: torch.Tensor,
+        self, batch: InputBatch, hidden: torch.Tensor, compute_logits: Callable[[torch.Tensor], torch.Tensor],
+        use_triton: bool = False,
     ) -> tuple[LogprobTensors, list[tuple[str, int, int, int, int]]] | None:
         """Logprobs of this step's new prompt targets, and their spans
         (req_id, first position, count, k, offset into the result)."""
-        n = batch.num_reqs
-        rows = batch.idx_mapping_cpu[:n].tolist()
-        users = self.state.in_batch("prompt_logprobs", rows)
+        step = Step(batch)
+        users = self.in_batch(step)
         if not users:
             return None
         qsl = batch.query_start_loc_cpu.tolist()
         computed = batch.num_computed_cpu.tolist()
         hid, trow, tpos, spans = [], [], [], []
         for i in users:
-            row, c = rows[i], computed[i]
-            h = self.state.host[row]
-            first = max(h.prompt_logprobs_next, c + 1)
-            last = min(c + qsl[i + 1] - qsl[i], h.num_prompt_tokens - 1)
+            row, c = step.rows[i], computed[i]
+            k, num_prompt, nxt = self.rows[row]
+            first = max(nxt, c + 1)
+            last = min(c + qsl[i + 1] - qsl[i], num_prompt - 1)
             if first > last:
                 continue
-            spans.append((batch.req_ids[i], first, last - first + 1, h.num_prompt_logprobs, len(hid)))
+            spans.append((batch.req_ids[i], first, last - first + 1, k, len(hid)))
             hid.extend(range(qsl[i] + first - 1 - c, qsl[i] + last - c))
             trow.extend([row] * (last - first + 1))
             tpos.extend(range(first, last + 1))
-            h.prompt_logprobs_next = last + 1
-            if last + 1 >= h.num_prompt_tokens:
-                self.state.users["prompt_logprobs"].discard(row)
+            self.rows[row] = (k, num_prompt, last + 1)
+            if last + 1 >= num_prompt:
+                self.users.discard(row)
         if not spans:
             return None
         where = host_to_device(torch.tensor([hid, trow, tpos], dtype=torch.int64), hidden.device)
@@ -66,5 +82,5 @@ class PromptLogprobs:
         for s in range(0, len(hid), self.max_rows):
             sub = where[:, s: s + self.max_rows]
             logits = compute_logits(hidden[sub[0]])
-            parts.append(compute_logprobs(logits, token_ids[sub[1], sub[2]], k, self.use_triton))
+            parts.append(compute_logprobs(logits, self.token_ids[sub[1], sub[2]], k, use_triton))
         return LogprobTensors.cat(parts), spans

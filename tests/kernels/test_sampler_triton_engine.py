@@ -37,7 +37,7 @@ def test_triton_sampling_path_equals_torch_path(ckpt, device):
                 max_num_batched_tokens=5)
     ref = LLM(ckpt, device="cpu", kernels="torch", **opts).generate(prompts, params)
     llm = LLM(ckpt, device=device, kernels="triton" if device == "cpu" else None, **opts)
-    assert llm.engine.runner.sampler.use_triton
+    assert llm.engine.runner.sampler_triton
     got = llm.generate(prompts, params)
     for a, b in zip(got, ref):
         assert a.token_ids == b.token_ids

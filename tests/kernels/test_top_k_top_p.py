@@ -6,13 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core_runner.kernels.gumbel_sample import gumbel_sample_triton
-from core_runner.kernels.logprobs import logsumexp_rank_ref
-from core_runner.kernels.logprobs_triton import logsumexp_rank_triton
-from core_runner.kernels.top_k_top_p import top_k_top_p_threshold_ref
-from core_runner.kernels.top_k_top_p_triton import top_k_top_p_threshold_triton
-from core_runner.sample.metadata import PenaltyInputs, SamplingMetadata
-from core_runner.sample.sampler import Sampler, gumbel_sample_ref
+from core_runner.sample.gumbel import Draw, gumbel_sample_ref
+from core_runner.sample.gumbel_triton import gumbel_sample_triton
+from core_runner.sample.logit_bias import apply_logit_edits
+from core_runner.sample.logprobs import logsumexp_rank_ref
+from core_runner.sample.logprobs_triton import logsumexp_rank_triton
+from core_runner.sample.penalties import PenaltyInputs, apply_penalties
+from core_runner.sample.sampler import StepInputs, sample_inputs
+from core_runner.sample.top_k_top_p import Cuts, top_k_top_p_threshold_ref
+from core_runner.sample.top_k_top_p_triton import top_k_top_p_threshold_triton
 
 NEG_INF = float("-inf")
 
@@ -126,20 +128,20 @@ def test_triton_pipeline_equals_torch_pipeline(device):
 
     def meta(dev):
         d = lambda t: t.to(dev)  # noqa: E731
-        return SamplingMetadata(
-            inv_temp=d(inv), seeds=d(torch.arange(n, dtype=torch.int64) + 5), positions=d(torch.full((n,), 9)),
-            any_random=True, top_k=d(k), top_p=d(p), log_min_p=d(lmp),
-            edits=(d(torch.tensor([3, vocab + 5, 2 * vocab + 7])), d(torch.tensor([2.0, NEG_INF, -1.5]))),
-            penalties=PenaltyInputs(
-                batch_idx=d(torch.tensor([0, 2, 5, 9])), token_ids=d(table), seq_lens=d(torch.tensor([12, 7, 9, 10])),
-                num_prompt=d(torch.tensor([4, 7, 2, 6])), repetition=d(torch.tensor([1.3, 1.0, 0.7, 1.1])),
-                frequency=d(torch.tensor([0.4, 0.0, -0.3, 1.0])), presence=d(torch.tensor([0.2, 0.5, 0.0, -0.4])),
-            ),
-            logprob_rows=[(0, 3), (5, 0), (9, 4)], logprob_idx=d(torch.tensor([0, 5, 9])),
+        edits = (d(torch.tensor([3, vocab + 5, 2 * vocab + 7])), d(torch.tensor([2.0, NEG_INF, -1.5])))
+        penalties = PenaltyInputs(
+            batch_idx=d(torch.tensor([0, 2, 5, 9])), token_ids=d(table), seq_lens=d(torch.tensor([12, 7, 9, 10])),
+            num_prompt=d(torch.tensor([4, 7, 2, 6])), repetition=d(torch.tensor([1.3, 1.0, 0.7, 1.1])),
+            frequency=d(torch.tensor([0.4, 0.0, -0.3, 1.0])), presence=d(torch.tensor([0.2, 0.5, 0.0, -0.4])),
+        )
+        return StepInputs(
+            Draw(d(inv), d(torch.arange(n, dtype=torch.int64) + 5), d(torch.full((n,), 9))), Cuts(d(k), d(p), d(lmp)),
+            edits=[(lambda x, e: apply_logit_edits(x, *e), edits), (apply_penalties, penalties)],
+            logprob_rows=[(0, 3), (5, 0), (9, 4)],
         )
 
-    want = Sampler(use_triton=False)(logits, meta("cpu"))
-    got = Sampler(use_triton=True)(logits.to(device), meta(device))
+    want = sample_inputs(logits, meta("cpu"), use_triton=False)
+    got = sample_inputs(logits.to(device), meta(device), use_triton=True)
     assert torch.equal(got.sampled.cpu(), want.sampled)
     assert torch.equal(got.logprobs.top_ids.cpu(), want.logprobs.top_ids)
     assert torch.equal(got.logprobs.ranks.cpu(), want.logprobs.ranks)

@@ -2,11 +2,8 @@
 
 The three cuts keep the tokens whose scaled logit x = logit * (1 / T) is at least a
 row threshold, so they are computed as that threshold and applied while sampling
-(``x >= threshold``), with no masked copy of the logits. The Triton twin in
-``top_k_top_p_triton.py`` finds the same threshold without sorting the vocabulary; the
-GPU sampler (``cut_sample_triton.py``) mostly avoids finding it at all: it draws over the
-whole row and only tests whether the drawn token is at or above the threshold, which
-these definitions allow without knowing it (count / mass of the tokens above the draw).
+(``x >= threshold``), with no masked copy of the logits. The Triton twin
+``top_k_top_p_triton.py`` samples under the same threshold without sorting the vocabulary.
 
 Definitions, in order (each cut sees what the previous ones kept):
 - min_p: t_min = max(x) + log(min_p), i.e. p_i >= min_p * p_max.
@@ -23,7 +20,13 @@ never of the order in which a sort or a kernel met equal values.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from core_runner.sample.gumbel import GREEDY_EPS
+from core_runner.sample.stage import Stage, Step
+from core_runner.step_data.scheduler_output import NewRequest
 
 
 def top_k_top_p_threshold_ref(
@@ -72,3 +75,40 @@ def apply_top_k_top_p_ref(logits: torch.Tensor, top_k: torch.Tensor, top_p: torc
     ones = torch.ones(n, device=logits.device)
     thr = top_k_top_p_threshold_ref(logits, ones, top_k, top_p, torch.full_like(ones, float("-inf")))
     return apply_threshold(logits, ones, thr)
+
+
+@dataclass(slots=True)
+class Cuts:
+    """One step's cut settings, in batch order."""
+
+    top_k: torch.Tensor  # [n] int32, <= 0 off
+    top_p: torch.Tensor  # [n] float32, 1 off
+    log_min_p: torch.Tensor  # [n] float32, -inf off
+
+
+class CutStage(Stage):
+    """top-k, top-p and min-p of each row; ``users`` are the sampled rows that cut."""
+
+    def __init__(self, num_rows: int, device: torch.device) -> None:
+        super().__init__(num_rows, device, {"top_k": torch.int32, "top_p": torch.float32, "min_p": torch.float32})
+        self.top_k_cpu = [-1] * num_rows
+        self.top_p_cpu = [1.0] * num_rows
+
+    def add_request(self, row: int, req: NewRequest) -> None:
+        sp = req.sampling_params
+        k, p, min_p = (sp.top_k, float(sp.top_p), float(sp.min_p)) if sp is not None else (-1, 1.0, 0.0)
+        self.write(row, top_k=k, top_p=p, min_p=min_p)
+        self.top_k_cpu[row], self.top_p_cpu[row] = k, p
+        self.users.discard(row)
+        if sp is not None and sp.temperature >= GREEDY_EPS and (k > 0 or p < 1.0 or min_p > 0.0):
+            self.users.add(row)
+
+    def remove_request(self, row: int) -> None:
+        super().remove_request(row)
+        self.top_k_cpu[row], self.top_p_cpu[row] = -1, 1.0
+
+    def prepare(self, step: Step) -> Cuts | None:
+        """None when no row of the batch cuts (a greedy row's settings do not count)."""
+        if not self.in_batch(step):
+            return None
+        return Cuts(self.gather("top_k", step), self.gather("top_p", step), self.gather("min_p", step).log())
