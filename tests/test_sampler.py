@@ -89,7 +89,8 @@ def test_gumbel_draws_are_not_trivially_uniform_or_greedy():
     """The fit test can fail: a uniform sampler and the argmax are both rejected by it."""
     n = 30000
     expect = torch.softmax(ROW[:9].double(), 0) * n
-    for fake in (torch.randint(0, 9, (n,), generator=torch.Generator().manual_seed(0)), torch.zeros(n, dtype=torch.long)):
+    uniform = torch.randint(0, 9, (n,), generator=torch.Generator().manual_seed(0))
+    for fake in (uniform, torch.zeros(n, dtype=torch.long)):
         counts = torch.bincount(fake, minlength=9).double()
         assert float(((counts - expect) ** 2 / expect).sum()) > chi2_critical(8)
 

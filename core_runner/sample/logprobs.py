@@ -22,7 +22,8 @@ from core_runner.step_data.scheduler_output import NewRequest
 ROWS_PER_CHUNK = 64  # the reference's temporaries stay [64, V]
 
 
-def logsumexp_rank_ref(logits: torch.Tensor, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def logsumexp_rank_ref(logits: torch.Tensor, token_ids: torch.Tensor
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[n, V] logits, [n] token ids -> (logsumexp [n] f32, token logit [n] f32, rank [n] i64);
     rank = 1 + the number of tokens with a strictly larger logit (ties share the best rank)."""
     n = logits.shape[0]

@@ -4,9 +4,9 @@ The same 32-bit integer hash is written for torch (here) and for Triton, so CPU 
 GPU draw the same uniforms. Per token it is one murmur3 finaliser round over the column
 (times the golden ratio) xor the row's first key, then xor the second key: the column
 -> hash map is a bijection for every row, and one round keeps the kernel's per-token
-cost (which bounds the sampler's speed) at ~10 integer instructions. torch has no uint32 arithmetic, so products are formed in
-int64 from 16-bit halves and masked, which never overflows and matches the wrapping
-uint32 multiply of the kernel (native uint32 arithmetic) bit for bit.
+cost (which bounds the sampler's speed) at ~10 integer instructions. torch has no uint32
+arithmetic, so products are formed in int64 from 16-bit halves and masked, which never
+overflows and matches the wrapping uint32 multiply of the kernel (native uint32 arithmetic) bit for bit.
 
 A uniform is (top 24 bits of the hash + 0.5) / 2**24 in float32. For the top value
 2**24 - 1 that sum rounds up to 2**24 (float32 has 24 bits), i.e. u = 1 and an infinite

@@ -36,7 +36,14 @@ import triton
 import triton.language as tl
 
 from core_runner.sample.gumbel_triton import (
-    _BIG, argmax_pass, col_hash, combine_part_tokens, gumbel_noise, gumbel_pass, row_keys, use_fast_log,
+    _BIG,
+    argmax_pass,
+    col_hash,
+    combine_part_tokens,
+    gumbel_noise,
+    gumbel_pass,
+    row_keys,
+    use_fast_log,
 )
 
 # tuning: programs per row in the read, columns per tile, candidates the decide sorts,
@@ -219,8 +226,7 @@ def _read_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, 
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, tok_ptr, pmax_ptr,
                    pmass_ptr, pfin_ptr, pg_ptr, lv_ptr, lc_ptr, cv_ptr, cc_ptr, out_ptr, flag_ptr, vocab, n_parts,
-                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, L: tl.constexpr,
-                   CAP: tl.constexpr):
+                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
     inv_t = tl.load(inv_t_ptr + i)
@@ -240,17 +246,18 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr
         z = tl.sum(tl.load(pmass_ptr + i * n_parts + offs, mask=ok, other=0.0) * tl.exp(pm - ms), axis=0)
         nf = tl.sum(tl.load(pfin_ptr + i * n_parts + offs, mask=ok, other=0), axis=0)
         g = tl.max(tl.load(pg_ptr + i * n_parts + offs, mask=ok, other=-float("inf")), axis=0)
-        # the candidates {x > G}, moved to the row's first CAP slots of scratch
-        e = tl.arange(0, L)
-        eok = e < n_parts * 2 * BLOCK
-        lbase = i.to(tl.int64) * n_parts * 2 * BLOCK
-        v = tl.load(lv_ptr + lbase + e, mask=eok, other=-float("inf"))
-        sel = (v > g) & eok
-        at = tl.cumsum(sel.to(tl.int32), axis=0) - 1
-        n_c = tl.sum(sel.to(tl.int32), axis=0)
-        put = sel & (at < CAP)
-        tl.store(cv_ptr + i * CAP + at, v, mask=put)
-        tl.store(cc_ptr + i * CAP + at, tl.load(lc_ptr + lbase + e, mask=put, other=0), mask=put)
+        # the candidates {x > G}, moved part by part to the row's CAP slots of scratch
+        e = tl.arange(0, 2 * BLOCK)
+        n_c = 0
+        for s in range(0, n_parts):
+            lbase = (i.to(tl.int64) * n_parts + s) * 2 * BLOCK
+            v = tl.load(lv_ptr + lbase + e)
+            sel = v > g
+            at = n_c + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            put = sel & (at < CAP)
+            tl.store(cv_ptr + i * CAP + at, v, mask=put)
+            tl.store(cc_ptr + i * CAP + at, tl.load(lc_ptr + lbase + e, mask=put, other=0), mask=put)
+            n_c += tl.sum(sel.to(tl.int32), axis=0)
         tl.debug_barrier()  # stored by other threads
         j = tl.arange(0, CAP)
         valid = j < n_c
@@ -354,7 +361,7 @@ def cut_sample_triton(
         stats = (tok, pmax, pmass, pfin, pg, lv, lc)
         _read_kernel[(n, s)](*args, *stats, vocab, part, FAST_LOG=fast, BLOCK=block)
         _decide_kernel[(n,)](*args, *stats, cv, cc, out, flag, vocab, s, FAST_LOG=fast, BLOCK=block,
-                             P=triton.next_power_of_2(s), L=triton.next_power_of_2(s * 2 * block), CAP=cap)
+                             P=triton.next_power_of_2(s), CAP=cap)
         thr = torch.empty(n, dtype=f32, device=dev)
         _fallback_kernel[(n,)](*args, flag, cv, out, thr, vocab, FAST_LOG=fast, DRAW=True, BLOCK=block,
                                NP=_PIVOTS, CAP=cap)

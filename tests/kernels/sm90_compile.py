@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 import triton
@@ -88,12 +87,8 @@ class compiling_for_sm90:
     the compiled kernels collect in ``.compiled``."""
 
     def __enter__(self):
-        from core_runner.kernels import cut_sample_split_triton as split
-
         self.compiled: list[str] = []
         self._run = JITFunction.run
-        self._asm = split.ASM_STORES
-        split.ASM_STORES = True  # the GPU's form of read 1's scattered stores (CPU tensors would pick tl.store)
 
         def run(fn, *args, grid, warmup, **kwargs):
             self.compiled.append(_compile_launch(fn, args, kwargs))
@@ -102,19 +97,15 @@ class compiling_for_sm90:
         return self
 
     def __exit__(self, *exc):
-        from core_runner.kernels import cut_sample_split_triton as split
-
         JITFunction.run = self._run
-        split.ASM_STORES = self._asm
         return False
 
 
-def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
-    """name -> zero-argument callable that launches one sampler path on CPU tensors: the
-    one-program kernels and the split ones at the Sampler's shapes and a few others."""
-    from core_runner.kernels.cut_sample_triton import sample_with_cuts_triton
-    from core_runner.kernels.gumbel_sample import gumbel_sample_triton
-    from core_runner.sample.sampler import CUT_SHAPE
+def sampler_cases(n: int = 8, vocab: int = 5008) -> dict:
+    """name -> zero-argument callable that launches one sampler path on CPU tensors."""
+    from core_runner.sample.gumbel_triton import gumbel_sample_triton
+    from core_runner.sample.logprobs_triton import logsumexp_rank_triton
+    from core_runner.sample.top_k_top_p_triton import cut_sample_triton, top_k_top_p_threshold_triton
 
     x = torch.randn(n, vocab)
     inv = torch.full((n,), 1.3)
@@ -123,57 +114,14 @@ def sampler_cases(n: int = 8, vocab: int = 5000) -> dict:
     k = torch.full((n,), -1, dtype=torch.int32)
     p = torch.full((n,), 0.9)
     lmp = torch.full((n,), -float("inf"))
-    cases = {
+    return {
         "gumbel": lambda: gumbel_sample_triton(x, inv, seeds, pos),
-        "cut": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp),
-        "cut_block256_cap16": lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, block=256, cap=16),
+        "gumbel_threshold": lambda: gumbel_sample_triton(x, inv, seeds, pos, threshold=p),
+        "cut": lambda: cut_sample_triton(x, inv, seeds, pos, k, p, lmp),  # the default shape
+        "cut_block128_cap128": lambda: cut_sample_triton(x, inv, seeds, pos, k, p, lmp, block=128, cap=128),
+        "threshold": lambda: top_k_top_p_threshold_triton(x, inv, k, p, lmp),
+        "logprobs": lambda: logsumexp_rank_triton(x, pos),
     }
-    cases["cut_sampler_shape"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **CUT_SHAPE)
-    # the Sampler's top-p-only batches: read 1 with the fused decide
-    cases["cut_sampler_all_top_p"] = lambda: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **CUT_SHAPE,
-                                                                     all_top_p=True)
-    def pdl_ahead3():  # programmatic dependent launches, read 1 three tiles ahead, the decide of 2 warps on 1,024
-        import core_runner.kernels.cut_sample_split_triton as cs
-
-        saved = cs.PDL_LAUNCH, cs.READ1_AHEAD, cs.pdl_supported
-        cs.PDL_LAUNCH, cs.READ1_AHEAD, cs.pdl_supported = True, 3, lambda dev: True
-        try:
-            sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **dict(CUT_SHAPE, decide_warps=2, decide_width=1024),
-                                    all_top_p=True)
-        finally:
-            cs.PDL_LAUNCH, cs.READ1_AHEAD, cs.pdl_supported = saved
-
-    cases["cut_sampler_pdl_ahead3"] = pdl_ahead3
-    cases["cut_s8_b512_w1_nucleus_first"] = lambda: sample_with_cuts_triton(
-        x, inv, seeds, pos, k, p, lmp, split=8, block=512, num_warps=1, nucleus_first=True)
-    from core_runner.bench.sampler_bench import SWEEP_SHAPES
-
-    for sh in SWEEP_SHAPES:  # the bench's sweep (nucleus first with lane lists)
-        name = "cut_s{split}_b{block}_w{num_warps}_cap{cap}_L{lists}x{list_slots}".format(**sh)
-        name += "" if sh.get("tile_max", True) else "_nt"
-        cases[name] = lambda sh=sh: sample_with_cuts_triton(x, inv, seeds, pos, k, p, lmp, **sh)
-    def probe(mode):  # the probe's read 1 of the lane lists (benchmarks/ is not installed)
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from benchmarks.sampler_probe import probe as run
-
-        return run(x, mode, 8, 512, 2)
-
-    for mode in ("lists3", "lists3nt", "lists2"):
-        cases[f"probe_{mode}"] = lambda mode=mode: probe(mode)
-    def scatter():  # the inline PTX store of read 1's lists (``scatter_store``), alone
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from test_scatter_store import _compact_kernel
-
-        _compact_kernel[(1,)](x[0, :512].contiguous(), x[1, :512].contiguous(), pos[:1].to(torch.int32), 0.5,
-                              B=512, ASM=True, num_warps=2)
-
-    cases["scatter_store"] = scatter
-    for s, b, w in ((2, 2048, 8), (4, 512, 1), (8, 512, 1), (16, 256, 1)):
-        cases[f"gumbel_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: gumbel_sample_triton(
-            x, inv, seeds, pos, split=s, block=b, num_warps=w)
-        cases[f"cut_s{s}_b{b}_w{w}"] = lambda s=s, b=b, w=w: sample_with_cuts_triton(
-            x, inv, seeds, pos, k, p, lmp, split=s, block=b, num_warps=w)
-    return cases
 
 
 def main(names: list[str]) -> int:

@@ -6,11 +6,18 @@ import torch
 import triton
 import triton.language as tl
 
-from core_runner.sample.gumbel_triton import (
-    _could_reach, _noise_of_hash, col_hash, gumbel_noise, gumbel_sample_triton, hash_uniform, row_keys, token_hash,
-)
 from core_runner.sample import rng
 from core_runner.sample.gumbel import gumbel_sample_ref, inverse_temperature
+from core_runner.sample.gumbel_triton import (
+    _could_reach,
+    _noise_of_hash,
+    col_hash,
+    gumbel_noise,
+    gumbel_sample_triton,
+    hash_uniform,
+    row_keys,
+    token_hash,
+)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = ["gumbel", "gumbel_s4_b512_w1", "gumbel_s16_b256_w1", "cut_block256_cap16", "scatter_store"]
+CASES = ["gumbel", "cut_block128_cap128"]
 
 
 def test_sampler_kernels_compile_for_sm90():
