@@ -7,12 +7,6 @@
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
-#   sampler-read1  read 1's parts (lists pass, fused decide, decide launch) and other launch shapes -> sampler_read1.json
-#   sampler-ncu    Nsight Compute sections of one cut call (fused / separate decide) and the lists pass -> sampler_ncu.log
-#   sampler-ncu-source  ncu source counters (stall samples per SASS line) of read 1 (fused decide) and read 2 -> sampler_src*
-#   sampler-probe  where the sampler's first read spends its time (variants) -> sampler_probe.json
-#   sampler-host   the sampler's host time per call and its GPU time from a CUDA graph -> sampler_host.json
-#   sampler-rounds read 2 and the histogram rounds at other settings, flat and peaked rows -> sampler_rounds.json
 #   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
@@ -77,38 +71,6 @@ for s in "${STAGES[@]}"; do
       [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
       timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W1 W2 "${N[@]}" "${FP[@]}" \
         --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
-    sampler-probe)
-      say sampler probe
-      timeout 300 python3 benchmarks/sampler_probe.py --json "$LOG/sampler_probe.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
-    sampler-rounds)
-      say sampler rounds
-      timeout 400 python3 benchmarks/sampler_rounds.py --json "$LOG/sampler_rounds.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
-    sampler-read1)
-      say sampler read 1
-      timeout 420 python3 benchmarks/sampler_read1.py --reps ${READ1_REPS:-3} ${READ1_PARTS:+--parts $READ1_PARTS} --json "$LOG/sampler_read1.json" 2>&1 | tee -a "$LOG/bench.log" | tail -30;;
-    sampler-ncu)
-      say sampler ncu
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout 400 $NCU --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section LaunchStats --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-        python3 benchmarks/sampler_ncu.py > "$LOG/sampler_ncu.log" 2>&1; echo "ncu rc=$?"
-      grep -E "^  [_a-zA-Z]|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Stall|Warp Cycles Per Issued|Issued Warp|No Eligible|Block Limit" \
-        "$LOG/sampler_ncu.log" | head -150 | tee -a "$LOG/bench.log";;
-    sampler-ncu-source)
-      say sampler ncu source counters
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-      timeout 400 $NCU --clock-control none --profile-from-start off -k regex:"_read1|_decide|_round" --launch-count 2 \
-        --section SourceCounters --section WarpStateStats --section SpeedOfLight -o "$LOG/sampler_src" -f \
-        python3 benchmarks/sampler_ncu.py --fused-only > "$LOG/sampler_ncu_src.log" 2>&1; echo "ncu rc=$?"
-      timeout 120 $NCU --import "$LOG/sampler_src.ncu-rep" --page source --csv --print-source sass \
-        > "$LOG/sampler_src_sass.csv" 2>&1; echo "source page rc=$? $(wc -c < "$LOG/sampler_src_sass.csv") bytes"
-      gzip -f "$LOG/sampler_src_sass.csv"
-      timeout 60 $NCU --import "$LOG/sampler_src.ncu-rep" --page details > "$LOG/sampler_src_details.log" 2>&1
-      rm -f "$LOG/sampler_src.ncu-rep"
-      grep -E "^  [_a-zA-Z]|Duration" "$LOG/sampler_src_details.log" | head -30;;
-    sampler-host)
-      say sampler host time
-      timeout 300 python3 benchmarks/sampler_host.py --json "$LOG/sampler_host.json" 2>&1 | tee -a "$LOG/bench.log" | tail -60;;
     deepseek-w2peer)
       say deepseek W2 prefix next to the transformers peer
       [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
