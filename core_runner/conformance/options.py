@@ -112,7 +112,7 @@ def _max_model_len(ctx: Ctx) -> str:
         e = ctx.engine(max_model_len=mml)
         ok, over = ctx.ref.prompts([mml - 1, mml], seed=5)
         e.add_request(ok, greedy(1), req_id="ok")
-        expect_raises(lambda: e.add_request(over, greedy(1), req_id="over"), ValueError,
+        expect_raises(lambda e=e, over=over: e.add_request(over, greedy(1), req_id="over"), ValueError,
                       f"a prompt of max_model_len={mml} tokens", match="max_model_len")
         e.abort_request("ok")
     mp = ctx.ref.max_position
