@@ -6,7 +6,7 @@ prompt length; the first token has none). Only those rows' hidden states go thro
 the LM head, in sub-chunks of at most ``max_rows`` positions, so peak memory is
 ``max_rows x vocab`` logits however long the prompt or the step.
 
-Progress lives in the row's sampling state (``prompt_logprobs_next``). A preempted
+Progress lives in the stage's per-row host state (the next position without a logprob). A preempted
 request is re-added with the engine's count of what it already has, so the re-prefill
 skips those positions; the engine also drops any overlap by position, which covers a
 chunk that was still in flight when the request was re-added.
