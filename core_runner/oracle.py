@@ -90,7 +90,7 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
         downgrade("CUDA graphs", f"{reg.architecture} declares cuda_graphs {reg.capability('cuda_graphs').state}")
     elif kernels != "triton":
         downgrade("CUDA graphs", "they need the Triton kernels, which are off")
-    elif not backend_class(attention).supports_cuda_graphs:
+    elif not getattr(backend_class(attention), "supports_cuda_graphs", False):
         downgrade("CUDA graphs", f"attention backend {attention!r} declares supports_cuda_graphs=False")
     else:
         graphs = True
@@ -125,12 +125,13 @@ def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on
             raise UnsupportedError(f"attention_backend={name!r} cannot be used here: {e}") from e
         downgrade(what, f"its backend cannot be imported in this build ({e})")
         return "torch"
-    if cls.needs_triton and not on_cuda and not interpret:
+    if getattr(cls, "needs_triton", False) and not on_cuda and not interpret:
         raise UnsupportedError(f"attention_backend={name!r} on the CPU needs triton installed and TRITON_INTERPRET=1 "
                                "(the interpreter); use None or 'torch'")
-    if cls.capability is not None and not reg.capability(cls.capability).supported:
-        cap = reg.capability(cls.capability)
-        downgrade(what, f"{reg.architecture} declares {cls.capability} {cap.state}"
+    gate = getattr(cls, "capability", None)
+    if gate is not None and not reg.capability(gate).supported:
+        cap = reg.capability(gate)
+        downgrade(what, f"{reg.architecture} declares {gate} {cap.state}"
                   f"{': ' + cap.reason if cap.reason else ''}")
         return "torch"
     if on_cuda and name != "triton":

@@ -1,7 +1,7 @@
 """Attention backends by name: ``register_backend(name, cls)`` / ``get_backend(name)``.
 
 A built-in backend is registered as a lazy ``"module:attr"`` string, so importing this
-module imports neither torch nor Triton; the class is imported when a plan asks for it.
+module imports no Triton; the class is imported when a plan asks for it.
 Adding a backend is one file (a subclass of ``AttentionBackend`` declaring its
 capabilities as class attributes) and one ``register_backend`` line (below for a
 built-in one, anywhere before the engine is built for another).
