@@ -54,6 +54,7 @@ class EngineDebug:
         return self.steps
 
     def stop_recording(self) -> None:
+        """Stop recording; the list keeps what it holds, and ``record_steps()`` appends to it again."""
         if self._recording:
             self._engine.runner.logits_hooks.remove(self._on_logits)
             self._engine.core.step_hooks.remove(self._on_step)
