@@ -131,6 +131,11 @@ class Registry:
     def by_plugin(self, plugin: str) -> list[Registration]:
         return [r for r in self.registrations() if r.plugin == plugin]
 
+    def find(self, architecture: str) -> Registration | None:
+        """The registration of ``architecture``, or None if nothing registered it (``get``
+        raises instead, naming the plugin that would provide it)."""
+        return self._regs.get(architecture)
+
     def get(self, architecture: str) -> Registration:
         if architecture in self._regs:
             return self._regs[architecture]

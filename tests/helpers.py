@@ -1,9 +1,9 @@
 """Shared utilities for the engine-vs-transformers tests.
 
 Tiny random Qwen3 checkpoints, Hugging Face references (computed one prompt at a
-time, batch 1, explicit all-ones attention mask), an engine factory, a recorder that
-logs every real step the runner executes, and helpers to snapshot / corrupt the
-runner's persistent per-row state.
+time, batch 1, explicit all-ones attention mask), an engine factory, a recorder of
+every real step (the conformance suite's, over ``engine.debug``), and helpers to
+snapshot / corrupt the runner's persistent per-row state.
 """
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from typing import Any, Callable
 
 import torch
 
-# persistent state (snapshots, diffs, garbage): the conformance suite's own tools
+# the step recorder and the persistent-state tools (snapshots, diffs, garbage) are the
+# conformance suite's own
+from core_runner.conformance.harness import Recorder as SuiteRecorder
 from core_runner.conformance.state_tools import (  # noqa: F401
     fill_free_blocks_with_garbage as fill_free_kv_blocks_with_garbage, fill_garbage, free_block_ids,
     row_tables as device_tables, snapshot, snapshot_diff,
@@ -135,77 +137,13 @@ def sampled(n: int = 12, seed: int | None = 1234, temperature: float = 0.8, top_
                           ignore_eos=True)
 
 
-@dataclass
-class Step:
-    """One real (non-dummy, non-empty) step as the runner executed it."""
-
-    req_ids: list[str]  # batch order
-    num_scheduled: dict[str, int]
-    num_computed: dict[str, int]  # cached tokens before the step
-    rows: dict[str, int]  # RequestState row of each scheduled request
-    new_req_ids: list[str]
-    preempted: set[str]
-    logits: dict[str, torch.Tensor]  # last scheduled token of each request
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_scheduled.values())
-
-
-class Recorder:
-    """Wraps ``engine.runner.execute_model`` to log every real step, using the
-    runner's ``recorded_logits`` hook for the logits."""
+class Recorder(SuiteRecorder):
+    """The conformance suite's step recorder over ``engine.debug.record_steps()``, strict:
+    during each step it asserts that a real step produced its logits once, shaped
+    [num_reqs, vocab], for exactly the scheduled requests (and an empty step none)."""
 
     def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.steps: list[Step] = []
-        self.num_dummy_calls = 0
-        runner = engine.runner
-        runner.recorded_logits = []
-        inner = runner.execute_model
-
-        def execute_model(out: Any, dummy: bool = False) -> Any:
-            if dummy:
-                self.num_dummy_calls += 1
-                return inner(out, dummy=True)
-            before = len(runner.recorded_logits)
-            result = inner(out)
-            if out.is_empty:
-                assert len(runner.recorded_logits) == before, "an empty step recorded logits"
-                return result
-            assert len(runner.recorded_logits) == before + 1, "a real step must record its logits once"
-            req_ids, logits = runner.recorded_logits[-1]
-            assert sorted(req_ids) == sorted(out.num_scheduled_tokens), (req_ids, out.num_scheduled_tokens)
-            assert tuple(logits.shape) == (len(req_ids), self.engine.vocab_size), logits.shape
-            self.steps.append(Step(
-                req_ids=list(req_ids),
-                num_scheduled=dict(out.num_scheduled_tokens),
-                num_computed=dict(out.num_computed_tokens),
-                rows={r: runner.req_state.req_id_to_row[r] for r in req_ids},
-                new_req_ids=[n.req_id for n in out.new_reqs],
-                preempted=set(out.preempted_req_ids),
-                logits={r: logits[i].clone() for i, r in enumerate(req_ids)},
-            ))
-            return result
-
-        runner.execute_model = execute_model
-
-    def rows_of(self, req_id: str) -> list[int]:
-        return [s.rows[req_id] for s in self.steps if req_id in s.rows]
-
-    def logits_of(self, req_id: str) -> list[tuple[int, torch.Tensor]]:
-        """(position of the token whose logits these are, logits) for every step of req_id."""
-        return [(s.num_computed[req_id] + s.num_scheduled[req_id] - 1, s.logits[req_id])
-                for s in self.steps if req_id in s.logits]
-
-    def sampling_logits_of(self, req_id: str, prompt_len: int) -> list[torch.Tensor]:
-        """Logits that produced an output token, in output order (the last occurrence of
-        each position, so a preempted-and-recomputed step counts once)."""
-        by_pos: dict[int, torch.Tensor] = {}
-        for pos, lg in self.logits_of(req_id):
-            if pos >= prompt_len - 1:
-                by_pos[pos] = lg
-        return [by_pos[p] for p in sorted(by_pos)]
+        super().__init__(engine, strict=True)
 
 
 def step_until(engine: Any, outputs: dict, cond: Callable[[], bool], max_steps: int = 2000) -> None:

@@ -57,6 +57,17 @@ def test_duplicate_architecture_is_an_error_unless_override():
     assert pm2.registry.get("X").plugin == "second"
 
 
+def test_find_returns_the_registration_or_none():
+    pm = PluginManager()
+    assert pm.registry.find("X") is None
+    pm.register_module("first", _plugin("X"))
+    assert pm.registry.find("X") is pm.registry.get("X")
+    assert pm.registry.find("X").plugin == "first"
+    pm.register_module("second", _plugin("X", override=True))
+    assert pm.registry.find("X").plugin == "second"
+    assert pm.registry.find("Qwen3ForCausalLM") is None  # built in, not installed here: get would raise
+
+
 def test_plugin_registering_nothing_is_an_error():
     class Empty:
         @hookimpl

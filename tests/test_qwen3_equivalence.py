@@ -1,7 +1,7 @@
 """core-runner's Qwen3 plugin against transformers.Qwen3ForCausalLM (CPU, float32).
 
 References are computed one prompt at a time (batch 1, all-ones attention mask).
-Logits are read through ``engine.runner.recorded_logits`` (via helpers.Recorder):
+Logits are read through ``engine.debug.record_steps()`` (via helpers.Recorder):
 every real step records the logits of the last scheduled token of each request.
 """
 from __future__ import annotations

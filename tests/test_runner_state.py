@@ -43,7 +43,7 @@ def test_greedy_output_independent_of_batch_and_row(untied):
 
     def record(name, engine, rec, outs):
         rows = rec.rows_of("T")
-        results[name] = (outs["T"].token_ids, rows, rec.sampling_logits_of("T", len(target)))
+        results[name] = (outs["T"].token_ids, rows, rec.sampling_logits("T", len(target)))
         assert len(set(rows)) == 1, f"{name}: the target changed rows without preemption: {rows}"
 
     # alone
@@ -133,7 +133,7 @@ def test_reused_row_full_of_garbage_behaves_like_fresh(untied, kind):
     assert outs["Z"].token_ids == ref.token_ids, f"reused row: {outs['Z'].token_ids} != fresh {ref.token_ids}"
     assert outs["Y"].token_ids == hf_greedy(untied, y_prompt, 16)
     assert any("Y" in s.req_ids and "Z" in s.req_ids for s in rec.steps), "Z should share steps with Y"
-    for k, (a, b) in enumerate(zip(fresh_rec.sampling_logits_of("Z", 13), rec.sampling_logits_of("Z", 13))):
+    for k, (a, b) in enumerate(zip(fresh_rec.sampling_logits("Z", 13), rec.sampling_logits("Z", 13))):
         err = (a - b).abs().max().item()
         assert err <= 1e-5, f"logits of output token {k} differ from the fresh engine by {err:.3g}"
 
@@ -195,7 +195,7 @@ def test_dummy_run_changes_no_state_mid_generation(untied):
     step_until(e, outs, lambda: len(outs) >= 1)
     dummies_leave_state_alone("after a request finished")
     drain(e, outs)
-    assert rec.num_dummy_calls == 3 * (len(shapes) + 1)
+    assert rec.num_dummy == 3 * (len(shapes) + 1)
 
     for rid, p, sp in reqs:
         assert outs[rid].token_ids == ref[rid].token_ids, rid

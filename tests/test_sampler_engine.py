@@ -46,7 +46,7 @@ def test_logprobs_equal_log_softmax_of_recorded_logits(untied):
     assert outs["none"].logprobs is None and outs["none"].logprob_ranks is None
     for rid, k in (("k0", 0), ("k3", 3), ("k5", 5)):
         o = outs[rid]
-        logits = rec.sampling_logits_of(rid, len(o.prompt_token_ids))
+        logits = rec.sampling_logits(rid, len(o.prompt_token_ids))
         assert len(o.logprobs) == len(o.token_ids) == len(logits) == len(o.logprob_ranks)
         for tok, entry, rank, lg in zip(o.token_ids, o.logprobs, o.logprob_ranks, logits):
             _check_entry(entry, tok, lg, k)
@@ -179,7 +179,7 @@ def test_greedy_with_penalties_bias_and_min_tokens_matches_literal(untied):
     e = make_engine(untied, max_num_batched_tokens=4)
     rec = Recorder(e)
     out = run(e, [("P", prompt, sp)])["P"]
-    logits = rec.sampling_logits_of("P", len(prompt))
+    logits = rec.sampling_logits("P", len(prompt))
     assert len(logits) == len(out.token_ids)
     for i, (tok, lg) in enumerate(zip(out.token_ids, logits)):
         want = int(_processed(lg, prompt, out.token_ids[:i], sp).argmax())

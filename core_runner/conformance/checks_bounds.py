@@ -87,7 +87,7 @@ def prompt_of_max_model_len_minus_one(ctx: Ctx) -> None:
         if len(o.token_ids) != 2 or o.finish_reason != "length":
             fail(f"{where}: a prompt of {mml - 2} tokens gave {len(o.token_ids)} tokens ({o.finish_reason!r})")
         ctx.expect_greedy(p2, o.token_ids, f"{where}: prompt of max_model_len - 2")
-        if e.scheduler.pool.num_free != blocks:
+        if e.debug.num_free_blocks != blocks:
             fail(f"{where}: KV blocks were not returned")
 
 

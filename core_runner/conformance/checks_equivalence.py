@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from core_runner.conformance.harness import (
-    Ctx, Preempter, Recorder, drain, fail, greedy, run, sampled, step_until,
+    Ctx, Recorder, drain, fail, greedy, run, sampled, step_until,
 )
 
 N_NEW = 12
@@ -70,8 +70,9 @@ def after_fillers(ctx: Ctx, e: Any, rec: Recorder, target: tuple[str, list[int],
     for rid, p, sp in [("f0", fill[0], greedy(16)), ("f1", fill[1], greedy(2)), ("f2", fill[2], greedy(3)),
                        ("f3", fill[3], greedy(16))]:
         e.add_request(p, sp, req_id=rid)
-    rows = e.runner.req_state.req_id_to_row
-    step_until(e, outs, lambda: {"f1", "f2"} <= outs.keys() and "f1" not in rows and "f2" not in rows)
+    step_until(e, outs, lambda: {"f1", "f2"} <= outs.keys() and e.debug.row_of("f1") is None
+               and e.debug.row_of("f2") is None)
+    rows = e.debug.rows()
     if "f0" not in rows or "f3" not in rows:
         fail("setup: the long fillers should still hold their rows")
     freed = {rec.rows_of("f1")[0], rec.rows_of("f2")[0]}
@@ -144,17 +145,16 @@ def preempt_resume_equals_uninterrupted(ctx: Ctx) -> None:
         rec = Recorder(e)
         outs = run(e, [(f"p{i}", p, greedy(N_NEW)) for i, p in enumerate(prompts)])
         where = f"small KV pool, budget {e.config.max_num_batched_tokens}"
-        if e.scheduler.num_preemptions == 0:
+        if e.debug.num_preemptions == 0:
             fail(f"setup ({where}): the small KV pool preempted nothing")
         _greedy_all(ctx, prompts, outs, "p", N_NEW, where)
         ctx.expect_logits_match_reference(rec, outs)
-        if e.scheduler.pool.num_free != e.num_blocks:
-            fail(f"{where}: {e.num_blocks - e.scheduler.pool.num_free} KV blocks were not returned")
-        ctx.note(f"{where}: {e.scheduler.num_preemptions} preemptions")
+        if e.debug.num_free_blocks != e.num_blocks:
+            fail(f"{where}: {e.num_blocks - e.debug.num_free_blocks} KV blocks were not returned")
+        ctx.note(f"{where}: {e.debug.num_preemptions} preemptions")
 
     e = ctx.engine(max_num_batched_tokens=5 if ctx.chunked else None)
     rec = Recorder(e)
-    pre = Preempter(e)
     a, b = ctx.ref.prompts([21, 6], seed=13)
     outs: dict = {}
     e.add_request(b, greedy(N_NEW), req_id="B")
@@ -162,11 +162,11 @@ def preempt_resume_equals_uninterrupted(ctx: Ctx) -> None:
     req = e.scheduler.requests["A"]
     if ctx.chunked:
         step_until(e, outs, lambda: 0 < req.num_computed_tokens < len(a))
-        pre.preempt("A")
+        e.debug.preempt("A")
     step_until(e, outs, lambda: len(req.output_token_ids) >= 4)
-    pre.preempt("A")
+    e.debug.preempt("A")
     step_until(e, outs, lambda: len(req.output_token_ids) >= 5)
-    pre.preempt("A")
+    e.debug.preempt("A")
     drain(e, outs)
     if outs["A"].num_preemptions != (3 if ctx.chunked else 2):
         fail(f"setup: A was preempted {outs['A'].num_preemptions} times")
@@ -251,7 +251,7 @@ def async_equals_sync(ctx: Ctx) -> None:
     got = _mixed_workload(ctx, e)
     for rid, o in want.items():
         ctx.expect_tokens(got[rid].token_ids, o.token_ids, f"{rid}: async vs sync scheduling")
-    if sync.scheduler.num_preemptions == 0:
+    if sync.debug.num_preemptions == 0:
         ctx.note("the workload caused no preemption")
 
 
@@ -274,20 +274,14 @@ def graph_equals_eager(ctx: Ctx) -> None:
     e = ctx.engine(**_gpu_opts(ctx))
     if not e.plan.cuda_graphs or e.runner.graphs is None:
         fail(f"cuda_graphs is declared supported but the plan is eager: {e.plan}")
-    replays = [0]
-    inner = e.runner.graphs.replay
-
-    def replay(key: Any) -> Any:
-        replays[0] += 1
-        return inner(key)
-
-    e.runner.graphs.replay = replay
+    before = e.debug.graph_replays
     got = _mixed_workload(ctx, e)
-    if not replays[0]:
+    replays = e.debug.graph_replays - before
+    if not replays:
         fail("no CUDA graph was replayed")
     for rid, o in want.items():
         ctx.expect_tokens(got[rid].token_ids, o.token_ids, f"{rid}: graph replay vs eager")
-    ctx.note(f"{replays[0]} graph replays")
+    ctx.note(f"{replays} graph replays")
 
 
 def triton_equals_torch_attention(ctx: Ctx) -> None:

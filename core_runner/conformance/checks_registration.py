@@ -73,7 +73,7 @@ class _RecordingRegistry(Registry):
 
     def add(self, architecture: str, *args, override: bool = False, **kw) -> None:
         if override:
-            prev = self._regs.get(architecture)
+            prev = self.find(architecture)
             self.overrides.append((architecture, prev.plugin if prev else "<nothing>"))
         super().add(architecture, *args, override=override, **kw)
 

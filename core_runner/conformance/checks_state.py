@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from core_runner.conformance.harness import (
-    Ctx, Preempter, Recorder, cdiv, drain, fail, greedy, run, sampled, step_until, supports_logprobs,
+    Ctx, Recorder, cdiv, drain, fail, greedy, run, sampled, step_until, supports_logprobs,
 )
 from core_runner.conformance.state_tools import (
     fill_free_blocks_with_garbage, fill_garbage, paged_caches, row_tables, snapshot, snapshot_diff,
@@ -32,12 +32,11 @@ def reused_row_is_fresh(ctx: Ctx) -> None:
 
         e = ctx.engine(max_num_seqs=3)
         rec = Recorder(e)
-        rs = e.runner.req_state
         outs: dict = {}
         # X leaves non-default settings and real state in its row; Y decodes throughout
         e.add_request(x, sampled(3, seed=5, temperature=1.3, top_k=7, top_p=0.5), req_id="X")
         e.add_request(y, greedy(16), req_id="Y")
-        step_until(e, outs, lambda: "X" in outs and "X" not in rs.req_id_to_row)
+        step_until(e, outs, lambda: "X" in outs and e.debug.row_of("X") is None)
         if "Y" in outs:
             fail("setup: Y finished before X's row was freed")
         row = rec.rows_of("X")[0]
@@ -45,7 +44,7 @@ def reused_row_is_fresh(ctx: Ctx) -> None:
         tables = row_tables(e)
         for t in tables.values():
             fill_garbage(t, row, gen)
-            fill_garbage(t, rs.scratch_row, gen)  # real steps must never read the scratch row
+            fill_garbage(t, e.runner.req_state.scratch_row, gen)  # real steps must never read the scratch row
         if fill_free_blocks_with_garbage(e, gen) == 0:
             fail("setup: no free KV block to fill")
         filled = sorted(tables)
@@ -92,7 +91,7 @@ def dummy_run_changes_nothing(ctx: Ctx) -> None:
             diff = snapshot_diff(before, snapshot(e))
             if diff:
                 fail(f"{when}: dummy_run(num_reqs={nr}, num_tokens={nt}) changed {diff}")
-        live = list(e.runner.req_state.req_id_to_row)
+        live = list(e.debug.rows())
         so = SchedulerOutput(
             num_scheduled_tokens={r: 1 + i for i, r in enumerate(live)} or {"x": 3},
             num_computed_tokens={r: 0 for r in live} or {"x": 0},
@@ -185,16 +184,15 @@ def settings_survive_chunking_and_preemption(ctx: Ctx) -> None:
     check("preempted by a small KV pool", outs)
 
     e = ctx.engine(max_num_batched_tokens=budget)
-    pre = Preempter(e)
     outs = {}
     e.add_request(comp[1], greedy(n), req_id="c1")
     e.add_request(prompt, target(), req_id="T")
     req = e.scheduler.requests["T"]
     if ctx.chunked:
         step_until(e, outs, lambda: 0 < req.num_computed_tokens < len(prompt))
-        pre.preempt("T")
+        e.debug.preempt("T")
     step_until(e, outs, lambda: len(req.output_token_ids) >= 3)
-    pre.preempt("T")
+    e.debug.preempt("T")
     drain(e, outs)
     want = 2 if ctx.chunked else 1
     if outs["T"].num_preemptions != want:
@@ -216,11 +214,10 @@ _SHORT = {"remove_request": "remove", "add_request": "add", "apply_staged_writes
 
 def event_order(ctx: Ctx) -> None:
     e = ctx.engine(max_num_seqs=3, max_num_batched_tokens=6 if ctx.chunked else None)
-    pre = Preempter(e)
     events: list[tuple[str, tuple, dict]] = []
     state, model = e.model_state, e.model
 
-    def wrap(obj: Any, name: str) -> None:
+    def wrap(obj: Any, name: str) -> None:  # the plugin's own objects, observed
         inner = getattr(obj, name)
 
         def hook(*args: Any, **kw: Any) -> Any:
@@ -234,18 +231,22 @@ def event_order(ctx: Ctx) -> None:
     wrap(model, "forward")
     wrap(model, "compute_logits")
 
+    # one entry per execute_model call: engine.debug brackets every step, the dummy run
+    # below is bracketed here
     calls: list[dict] = []
-    inner_exec = e.runner.execute_model
+    rows_before: dict[str, int] = {}
 
-    def execute_model(out: Any, dummy: bool = False) -> Any:
-        rows_before = dict(e.runner.req_state.req_id_to_row)
+    def before(out: Any) -> None:
+        rows_before.clear()
+        rows_before.update(e.debug.rows())
         del events[:]
-        result = inner_exec(out, dummy=dummy)
-        calls.append(dict(out=out, dummy=dummy, events=list(events), rows_before=rows_before,
-                          rows_after=dict(e.runner.req_state.req_id_to_row)))
-        return result
 
-    e.runner.execute_model = execute_model
+    def after(out: Any, dummy: bool = False) -> None:
+        calls.append(dict(out=out, dummy=dummy, events=list(events), rows_before=dict(rows_before),
+                          rows_after=e.debug.rows()))
+
+    e.debug.before_step(before)
+    e.debug.on_step(after)
     prompts = ctx.ref.prompts([5, 9, 3, 12, 7], seed=67)
     lens = [2, 6, 8, 4, 3]
     outs: dict = {}
@@ -253,8 +254,10 @@ def event_order(ctx: Ctx) -> None:
         e.add_request(p, greedy(n), req_id=f"r{i}")
     b = e.scheduler.requests["r1"]
     step_until(e, outs, lambda: len(b.output_token_ids) >= 2)
-    pre.preempt("r1")
+    e.debug.preempt("r1")
+    before(None)
     e.dummy_run(2, 7)
+    after(None, dummy=True)
     drain(e, outs)
     e.step()  # the last finished ids reach the runner
 

@@ -1,6 +1,6 @@
-"""What the checks share: reference checkpoints, engine construction, a step recorder,
-forced preemption, and comparisons that record what the report needs (max logit error,
-first divergent token).
+"""What the checks share: reference checkpoints, engine construction, a step recorder
+(over ``engine.debug``, the engine's inspection API), and comparisons that record what
+the report needs (max logit error, first divergent token).
 
 References are the registration's ``reference`` class built from an example's tiny
 config, float32, computed one prompt at a time with an explicit all-ones attention mask
@@ -188,53 +188,48 @@ def sampled(n: int, seed: int | None = 1234, temperature: float = 0.8, top_p: fl
 # ---------------------------------------------------------------------------------
 # driving an engine
 # ---------------------------------------------------------------------------------
-@dataclass
-class Step:
-    """One real step as the runner executed it."""
+class Recorder:
+    """Every real step of an engine, as ``engine.debug.record_steps()`` logs it: ``steps`` is
+    the engine's live list of ``StepRecord``s (batch order, rows after the step, logits on
+    the host), so one engine's Recorders share it. ``strict`` also fails, during the step,
+    when a launched step's logits break the runner's contract: an empty step produced
+    logits, a real step of a generating model produced them other than once, for other
+    requests than the scheduled ones, or not shaped [num_reqs, vocab]."""
 
-    req_ids: list[str]
-    num_scheduled: dict[str, int]
-    num_computed: dict[str, int]
-    rows: dict[str, int]
-    new_req_ids: list[str]
-    preempted: set[str]
-    logits: dict[str, torch.Tensor]
+    def __init__(self, engine: Any, strict: bool = False) -> None:
+        self.engine = engine
+        self.steps = engine.debug.record_steps()
+        self._dummy_base = engine.debug.num_dummy_runs
+        self._logits_calls: list[tuple[list[str], tuple[int, ...]]] = []
+        if strict:
+            engine.debug.on_logits(self._saw_logits)
+            engine.debug.on_step(self._check_step)
 
     @property
-    def num_tokens(self) -> int:
-        return sum(self.num_scheduled.values())
+    def num_dummy(self) -> int:
+        """Dummy runs (``engine.dummy_run`` or ``execute_model(dummy=True)``) since this Recorder began."""
+        return self.engine.debug.num_dummy_runs - self._dummy_base
 
+    def _saw_logits(self, req_ids: list[str], logits: torch.Tensor) -> None:
+        self._logits_calls.append((list(req_ids), tuple(logits.shape)))
 
-class Recorder:
-    """Logs every real step through the runner's ``recorded_logits`` hook."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.steps: list[Step] = []
-        self.num_dummy = 0
-        runner = engine.runner
-        runner.recorded_logits = []
-        inner = runner.execute_model
-
-        def execute_model(out: Any, dummy: bool = False) -> Any:
-            if dummy:
-                self.num_dummy += 1
-                return inner(out, dummy=True)
-            before = len(runner.recorded_logits)
-            result = inner(out)
-            if len(runner.recorded_logits) > before:
-                req_ids, logits = runner.recorded_logits[-1]
-                self.steps.append(Step(
-                    req_ids=list(req_ids), num_scheduled=dict(out.num_scheduled_tokens),
-                    num_computed=dict(out.num_computed_tokens),
-                    rows={r: runner.req_state.req_id_to_row[r] for r in req_ids},
-                    new_req_ids=[n.req_id for n in out.new_reqs], preempted=set(out.preempted_req_ids),
-                    logits={r: logits[i].clone() for i, r in enumerate(req_ids)},
-                ))
-                runner.recorded_logits.clear()
-            return result
-
-        runner.execute_model = execute_model
+    def _check_step(self, out: Any) -> None:
+        calls, self._logits_calls = self._logits_calls, []
+        if out.is_empty:
+            if calls:
+                fail(f"an empty step produced logits for {calls[0][0]}")
+            return
+        if "generate" not in self.engine.tasks:
+            return
+        if len(calls) != 1:
+            fail(f"a real step must produce its logits once, it produced them {len(calls)} times")
+        req_ids, shape = calls[0]
+        if sorted(req_ids) != sorted(out.num_scheduled_tokens):
+            fail(f"logits for {req_ids}, but the step scheduled {sorted(out.num_scheduled_tokens)}")
+        if shape != (len(req_ids), self.engine.vocab_size):
+            fail(f"logits of shape {shape} for {len(req_ids)} requests and a vocabulary of {self.engine.vocab_size}")
+        if not self.steps or self.steps[-1].req_ids != req_ids:
+            fail("engine.debug did not record the step")
 
     def rows_of(self, req_id: str) -> list[int]:
         return [s.rows[req_id] for s in self.steps if req_id in s.rows]
@@ -245,45 +240,10 @@ class Recorder:
                 for s in self.steps if req_id in s.logits]
 
     def sampling_logits(self, req_id: str, prompt_len: int) -> list[torch.Tensor]:
-        """Logits that produced each output token (the last computation of each position)."""
+        """Logits that produced each output token, in output order (the last computation of
+        each position, so a preempted-and-recomputed step counts once)."""
         by_pos = {p: lg for p, lg in self.logits_of(req_id) if p >= prompt_len - 1}
         return [by_pos[p] for p in sorted(by_pos)]
-
-
-class Preempter:
-    """Forces preemption by recompute of a running request, as the scheduler does when the
-    KV pool runs dry: its blocks are freed, it goes to the front of the queue, and the
-    runner hears of it in the next step's ``preempted_req_ids``."""
-
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
-        self.pending: set[str] = set()
-        sched = engine.scheduler
-        if not hasattr(sched, "_preempt"):
-            raise RuntimeError("this core_runner's Scheduler has no _preempt: the suite is out of date")
-        inner = sched.schedule
-
-        def schedule() -> Any:
-            out = inner()
-            out.preempted_req_ids |= self.pending
-            self.pending.clear()
-            return out
-
-        sched.schedule = schedule
-
-    def preemptible(self) -> list[str]:
-        return [r.req_id for r in self.engine.scheduler.running if r.num_pending == 0]
-
-    def preempt(self, req_id: str) -> None:
-        from core_runner.step_data.scheduler_output import SchedulerOutput
-
-        sched = self.engine.scheduler
-        req = sched.requests[req_id]
-        if req not in sched.running or req.num_pending:
-            raise ValueError(f"request {req_id} is not running with its outputs known: cannot preempt it")
-        scratch = SchedulerOutput()
-        sched._preempt(req, scratch)
-        self.pending |= scratch.preempted_req_ids
 
 
 def step_until(engine: Any, outputs: dict, cond: Callable[[], bool], max_steps: int = 3000) -> None:
@@ -344,9 +304,11 @@ class Ctx:
     def chunked(self) -> bool:
         return self.registration.capability("chunked_prefill").supported
 
-    def llm(self, **overrides: Any) -> Any:
+    def llm(self, memory_probe: Callable[[torch.device], int] | None = None, **overrides: Any) -> Any:
         """An LLM on the example's checkpoint with small defaults; the KV pool holds
-        max_num_seqs full-length requests unless num_kv_blocks is given."""
+        max_num_seqs full-length requests unless num_kv_blocks is given. ``memory_probe``
+        (device -> free bytes) stands in for the free memory a pool of num_kv_blocks=None is
+        sized from."""
         from core_runner import LLM
 
         opts: dict[str, Any] = dict(dtype="float32", device="cpu", max_model_len=self.max_model_len(128),
@@ -355,10 +317,10 @@ class Ctx:
         sizes = [opts["max_num_seqs"], opts["max_model_len"], opts["block_size"]]
         if "num_kv_blocks" not in overrides and all(isinstance(v, int) and v > 0 for v in sizes):
             opts["num_kv_blocks"] = opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"])
-        return LLM(str(self.ref.path), plugins=self.pm, **opts)
+        return LLM(str(self.ref.path), plugins=self.pm, memory_probe=memory_probe, **opts)
 
-    def engine(self, **overrides: Any) -> Any:
-        return self.llm(**overrides).engine
+    def engine(self, memory_probe: Callable[[torch.device], int] | None = None, **overrides: Any) -> Any:
+        return self.llm(memory_probe, **overrides).engine
 
     def max_model_len(self, wanted: int) -> int:
         mp = self.ref.max_position

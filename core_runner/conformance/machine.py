@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from core_runner.conformance.harness import Ctx, Preempter, fail, greedy
+from core_runner.conformance.harness import Ctx, fail, greedy
 
 MAX_MODEL_LEN = 48
 BLOCK_SIZE = 4
@@ -36,7 +36,6 @@ def random_lifecycles(ctx: Ctx) -> None:
             self.engine = ctx.engine(max_model_len=mml, max_num_seqs=3, block_size=BLOCK_SIZE,
                                      num_kv_blocks=max(NUM_BLOCKS, -(-mml // BLOCK_SIZE)),
                                      max_num_batched_tokens=budget)
-            self.pre = Preempter(self.engine)
             self.live: dict[str, tuple[list[int], int]] = {}
             self.done: set[str] = set()
             self.aborted: set[str] = set()
@@ -72,11 +71,11 @@ def random_lifecycles(ctx: Ctx) -> None:
             for _ in range(k):
                 self._take(self.engine.step())
 
-        @precondition(lambda self: bool(self.pre.preemptible()))
+        @precondition(lambda self: bool(self.engine.debug.preemptible()))
         @rule(data=st.data())
         def preempt(self, data: Any) -> None:
-            rid = data.draw(st.sampled_from(sorted(self.pre.preemptible())))
-            self.pre.preempt(rid)
+            rid = data.draw(st.sampled_from(sorted(self.engine.debug.preemptible())))
+            self.engine.debug.preempt(rid)
             self.forced += 1
             stats["preemptions"] += 1
 
@@ -111,9 +110,10 @@ def random_lifecycles(ctx: Ctx) -> None:
                 if got:
                     ctx.expect_greedy(prompt, got, f"{rid} in flight", len(got))
             held = sum(len(r.block_ids) for r in sched.requests.values())
-            if held + sched.pool.num_free != self.engine.num_blocks:
-                fail(f"KV blocks leaked: {held} held + {sched.pool.num_free} free != {self.engine.num_blocks}")
-            if len(self.engine.runner.req_state.req_id_to_row) > 3:
+            free = self.engine.debug.num_free_blocks
+            if held + free != self.engine.num_blocks:
+                fail(f"KV blocks leaked: {held} held + {free} free != {self.engine.num_blocks}")
+            if len(self.engine.debug.rows()) > 3:
                 fail("more runner rows in use than max_num_seqs")
 
         def teardown(self) -> None:
@@ -124,9 +124,9 @@ def random_lifecycles(ctx: Ctx) -> None:
             if self.live:
                 fail(f"requests {sorted(self.live)} never finished")
             self.engine.step()  # the last finished ids reach the runner
-            stats["by_the_pool"] += self.engine.scheduler.num_preemptions - self.forced
-            if self.engine.runner.req_state.req_id_to_row:
-                fail(f"rows still held after every request ended: {self.engine.runner.req_state.req_id_to_row}")
+            stats["by_the_pool"] += self.engine.debug.num_preemptions - self.forced
+            if self.engine.debug.rows():
+                fail(f"rows still held after every request ended: {self.engine.debug.rows()}")
 
     run_state_machine_as_test(Lifecycles, settings=settings(
         max_examples=ctx.session.machine_examples, stateful_step_count=25, deadline=None, database=None,

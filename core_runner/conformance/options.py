@@ -173,19 +173,13 @@ def _num_kv_blocks(ctx: Ctx) -> str:
 
 @probe("kv_cache_memory_fraction")
 def _kv_fraction(ctx: Ctx) -> str:
-    import core_runner.engine.llm_engine as llm_engine
-
     rep = ctx.engine().memory_report()
     block_bytes = rep["kv_bytes_per_token"] * 4
     # at fraction 0.05 the budget is 500 blocks beyond the row state of 65 rows; 0.1 gives more
     fake_free = int((block_bytes * 500 + rep["state_bytes_per_row"] * 65) / 0.05)
-    real = llm_engine._available_host_bytes
-    llm_engine._available_host_bytes = lambda: fake_free
-    try:
-        sizes = [ctx.engine(num_kv_blocks=None, max_num_seqs=64, block_size=4, kv_cache_memory_fraction=f).num_blocks
-                 for f in (0.05, 0.1)]
-    finally:
-        llm_engine._available_host_bytes = real
+    sizes = [ctx.engine(memory_probe=lambda device: fake_free, num_kv_blocks=None, max_num_seqs=64, block_size=4,
+                        kv_cache_memory_fraction=f).num_blocks
+             for f in (0.05, 0.1)]
     if not sizes[0] < sizes[1]:
         fail(f"with num_kv_blocks=None, fractions 0.05 and 0.1 of the same free memory gave {sizes} blocks")
     return f"sizes the KV pool when num_kv_blocks=None ({sizes[0]} -> {sizes[1]} blocks); " + \

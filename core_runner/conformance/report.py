@@ -77,7 +77,7 @@ def capability_matrix(session: Any, records: list[dict]) -> dict:
 
 
 def build_report(session: Any, duration_s: float) -> dict:
-    cases = session.cases() if session._cases is not None else []
+    cases = session.generated_cases
     records = []
     for case in cases:
         rec = next((r for r in session.records.values() if r["name"] == case.name), None)

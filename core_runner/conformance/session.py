@@ -105,6 +105,11 @@ class ConformanceSession:
         f.session_obj = self
         return f
 
+    @property
+    def generated_cases(self) -> list[Case]:
+        """The cases generated so far: none until collection asked for them."""
+        return self._cases or []
+
     def cases(self) -> list[Case]:
         if self._cases is None:
             self._cases = list(self._generate())

@@ -12,34 +12,21 @@ from typing import Any
 
 import torch
 
-from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
-
 
 def row_tables(engine: Any) -> dict[str, torch.Tensor]:
-    """Every per-row tensor of the runner, the sampling state and the ModelState (dim 0 = row)."""
-    runner = engine.runner
-    num_rows = runner.req_state.num_rows
-    tables = {f"req_state.{k}": t for k, t in runner.req_state.tables().items()}
-    tables.update({f"sampling.{k}": t for k, t in runner.sampling.tables().items()})
-    state = engine.model_state
-    listed = {f"model_state.{k}": t for k, t in state.row_buffers().items()}
-    for name, t in listed.items():
-        if t.shape[0] != num_rows:
+    """Every per-row tensor of the runner, the sampling state, the ModelState and the row
+    caches (dim 0 = row), as ``engine.debug.row_tables()`` names them; a ModelState row
+    buffer with another number of rows than the runner's is an error."""
+    num_rows = engine.debug.num_rows
+    tables = engine.debug.row_tables()
+    for name, t in tables.items():
+        if name.startswith("model_state.") and t.shape[0] != num_rows:
             raise AssertionError(f"{name} from row_buffers() has {t.shape[0]} rows, the runner has {num_rows}")
-    tables.update(listed)
-    for spec in state.kv_cache_specs():
-        if isinstance(spec, RowStateSpec):
-            for i, t in enumerate(runner.kv_caches[spec.layer_name]):
-                tables[f"row_cache.{spec.layer_name}.{i}"] = t
     return tables
 
 
 def paged_caches(engine: Any) -> dict[str, torch.Tensor]:
-    out = {}
-    for spec in engine.model_state.kv_cache_specs():
-        if isinstance(spec, PagedCacheSpec):
-            out[f"kv.{spec.layer_name}"] = engine.runner.kv_caches[spec.layer_name]
-    return out
+    return engine.debug.paged_caches()
 
 
 def snapshot(engine: Any) -> dict[str, Any]:
@@ -49,7 +36,7 @@ def snapshot(engine: Any) -> dict[str, Any]:
     for name, value in vars(engine.model_state).items():
         if isinstance(value, (int, float, bool, str)) or value is None:
             snap[f"host.model_state.{name}"] = value
-    snap["host.req_id_to_row"] = dict(rs.req_id_to_row)
+    snap["host.req_id_to_row"] = engine.debug.rows()
     snap["host.free_rows"] = list(rs.free_rows)
     snap["host.num_blocks_cpu"] = list(rs.num_blocks_cpu)
     snap["host.sampling_cpu"] = [list(v) for k, v in sorted(vars(ss).items()) if k.endswith("_cpu")]
@@ -57,7 +44,7 @@ def snapshot(engine: Any) -> dict[str, Any]:
     snap["host.staged"] = [t.has_staged for t in staged]
     sched = engine.scheduler
     snap["host.scheduler"] = (
-        sched.pool.num_free, sched.num_preemptions, [r.req_id for r in sched.running],
+        engine.debug.num_free_blocks, engine.debug.num_preemptions, [r.req_id for r in sched.running],
         [r.req_id for r in sched.waiting],
         {rid: (r.num_computed_tokens, list(r.block_ids), list(r.output_token_ids))
          for rid, r in sched.requests.items()},

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.step_data.scheduler_output import SchedulerOutput
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ class EngineDebug:
         return self.steps
 
     def stop_recording(self) -> None:
+        """Stop recording; the list keeps what it holds, and ``record_steps()`` appends to it again."""
         if self._recording:
             self._engine.runner.logits_hooks.remove(self._on_logits)
             self._engine.core.step_hooks.remove(self._on_step)
@@ -68,6 +70,15 @@ class EngineDebug:
     def on_step(self, fn: Callable[[SchedulerOutput], None]) -> Callable[[], None]:
         """Call ``fn(scheduler_output)`` after each step is launched; returns a remover."""
         hooks = self._engine.core.step_hooks
+        hooks.append(fn)
+        return lambda: hooks.remove(fn)
+
+    def before_step(self, fn: Callable[[SchedulerOutput], None]) -> Callable[[], None]:
+        """Call ``fn(scheduler_output)`` just before each step is handed to the runner (the
+        rows, tables and ModelState are as the previous step left them); returns a remover.
+        With ``on_step`` it brackets exactly one ``execute_model`` call. Neither hook sees
+        ``engine.dummy_run``; a caller that runs one brackets it itself."""
+        hooks = self._engine.core.pre_step_hooks
         hooks.append(fn)
         return lambda: hooks.remove(fn)
 
@@ -106,12 +117,23 @@ class EngineDebug:
 
     def row_tables(self) -> dict[str, torch.Tensor]:
         """Every per-row device table (dim 0 = row): the runner's request state, the sampler's
-        settings and the ModelState's ``row_buffers()``, named by owner."""
+        settings, the ModelState's ``row_buffers()`` and the row caches the runner allocated
+        for its ``RowStateSpec``s (``row_cache.<layer>.<i>``, one per tensor), named by owner."""
         runner = self._engine.runner
         out = {f"req_state.{k}": t for k, t in runner.req_state.tables().items()}
         out.update({f"sampling.{k}": t for k, t in runner.sampling.tables().items()})
         out.update({f"model_state.{k}": t for k, t in runner.model_state.row_buffers().items()})
+        for spec in runner.model_state.kv_cache_specs():
+            if isinstance(spec, RowStateSpec):
+                for i, t in enumerate(runner.kv_caches[spec.layer_name]):
+                    out[f"row_cache.{spec.layer_name}.{i}"] = t
         return out
+
+    def paged_caches(self) -> dict[str, torch.Tensor]:
+        """The paged KV caches (``kv.<layer>``; dim 1 = block, dim 2 = slot in the block)."""
+        runner = self._engine.runner
+        return {f"kv.{spec.layer_name}": runner.kv_caches[spec.layer_name]
+                for spec in runner.model_state.kv_cache_specs() if isinstance(spec, PagedCacheSpec)}
 
     @property
     def num_rows(self) -> int:

@@ -23,7 +23,9 @@ class EngineCore:
         self.runner = runner
         self.in_flight: deque[tuple[SchedulerOutput, AsyncOutput]] = deque()
         self.depth = 1 if async_scheduling else 0
-        # called with each launched step's SchedulerOutput (see core_runner.engine.debug)
+        # called with each step's SchedulerOutput just before / after it is launched
+        # (see core_runner.engine.debug)
+        self.pre_step_hooks: list[Callable[[SchedulerOutput], None]] = []
         self.step_hooks: list[Callable[[SchedulerOutput], None]] = []
 
     def add_request(self, req: Request) -> None:
@@ -39,6 +41,8 @@ class EngineCore:
         """Launch one step; return the requests finished by the oldest step in flight."""
         out = self.scheduler.schedule()
         if not out.is_empty or out.finished_req_ids or out.preempted_req_ids or out.new_reqs:
+            for hook in self.pre_step_hooks:
+                hook(out)
             self.in_flight.append((out, self.runner.execute_model(out)))
             for hook in self.step_hooks:
                 hook(out)

@@ -28,14 +28,19 @@ class LLM:
     >>> outs = llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0.0))
     """
 
-    def __init__(self, model: str, *, plugins: PluginManager | None = None, **options: Any) -> None:
+    def __init__(
+        self, model: str, *, plugins: PluginManager | None = None,
+        memory_probe: Callable[[torch.device], int] | None = None, **options: Any,
+    ) -> None:
+        """``options`` are EngineConfig fields; ``memory_probe`` goes to LLMEngine (it reads
+        the free memory the KV pool is sized from when ``num_kv_blocks`` is None)."""
         if "max_model_len" not in options:  # default: min(EngineConfig's default, the model's positions)
             default = next(f.default for f in fields(EngineConfig) if f.name == "max_model_len")
             limit = _max_positions(model)
             if limit is not None and limit < default:
                 options["max_model_len"] = limit
         self.config = EngineConfig(model=str(model), **options)
-        self.engine = LLMEngine(self.config, plugins=plugins)
+        self.engine = LLMEngine(self.config, plugins=plugins, memory_probe=memory_probe)
 
     @property
     def tokenizer(self) -> Any:
