@@ -1,4 +1,5 @@
-"""The three ways the peer can run a workload: transformers' continuous-batching manager, ``generate_batch`` in length groups, and padded ``generate`` as the last resort."""
+"""The three ways the peer can run a workload: transformers' continuous-batching manager,
+``generate_batch`` in length groups, and padded ``generate`` as the last resort."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,8 +17,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from benchmarks.peer_util import (
-    _DEFAULT_PADDED_BATCH, _MAX_BUCKETS, _POLL_S, _WARMUP_MAX_NEW_TOKENS, PeerTimeout, _accepted_kwargs,
-    _cb_config, _cb_generation_config, _jsonable, _seed_everything, _sync, _uniform_temperature,
+    _DEFAULT_PADDED_BATCH,
+    _MAX_BUCKETS,
+    _POLL_S,
+    _WARMUP_MAX_NEW_TOKENS,
+    PeerTimeout,
+    _accepted_kwargs,
+    _cb_config,
+    _cb_generation_config,
+    _jsonable,
+    _seed_everything,
+    _sync,
+    _uniform_temperature,
     _workload_hints,
 )
 
@@ -211,7 +222,7 @@ def _run_cb_generate_batch(model, workload: list, device: str, attempt: dict, *,
     requested: dict[str, tuple[list[int], int]] = {}
     got: dict[str, Any] = {}
     timed_out = False
-    for b, (indices, bucket_max) in enumerate(buckets):
+    for _b, (indices, bucket_max) in enumerate(buckets):
         if deadline is not None and time.perf_counter() > deadline:
             timed_out = True
             break

@@ -82,11 +82,23 @@ from core_runner.bench.workloads import WORKLOADS, make_workload, workload_summa
 logger = logging.getLogger("benchmarks.peers")
 
 from benchmarks.peer_routes import (  # noqa: E402
-    _count_outputs, _length_buckets, _run_cb_generate_batch, _run_cb_manager, _run_generate_padded,
+    _count_outputs,
+    _length_buckets,
+    _run_cb_generate_batch,
+    _run_cb_manager,
+    _run_generate_padded,
 )
 from benchmarks.peer_util import (  # noqa: E402
-    _DEFAULT_WARMUP_REQUESTS, PeerTimeout, _device_name, _failed_result,
-    _free_memory, _join_errors, _load_model, _normalize_device, _torch_dtype, _vocab_size,
+    _DEFAULT_WARMUP_REQUESTS,
+    PeerTimeout,
+    _device_name,
+    _failed_result,
+    _free_memory,
+    _join_errors,
+    _load_model,
+    _normalize_device,
+    _torch_dtype,
+    _vocab_size,
 )
 
 __all__ = ["PeerTimeout", "run_hf_peer", "run_hf_peer_subprocess", "main", "_count_outputs", "_length_buckets"]

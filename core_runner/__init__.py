@@ -8,4 +8,6 @@ from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["EngineConfig", "LLM", "LLMEngine", "PoolingParams", "RequestOutput", "SamplingParams", "hookimpl", "__version__"]
+__all__ = [
+    "EngineConfig", "LLM", "LLMEngine", "PoolingParams", "RequestOutput", "SamplingParams", "hookimpl", "__version__",
+]

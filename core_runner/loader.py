@@ -27,7 +27,9 @@ def load_hf_config(path: str | Path) -> Any:
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
-        raise FileNotFoundError(f"model={str(path)!r}: no config.json there (expected a Hugging Face checkpoint directory)")
+        raise FileNotFoundError(
+            f"model={str(path)!r}: no config.json there (expected a Hugging Face checkpoint directory)"
+        )
     try:
         from transformers import AutoConfig
 

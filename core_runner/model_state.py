@@ -23,9 +23,9 @@ from torch import nn
 
 from core_runner.attention.backend import AttnMetadata
 from core_runner.config import EngineConfig
-from core_runner.step_data.scheduler_output import NewRequest
 from core_runner.kv_cache_spec import KVCacheSpec
 from core_runner.step_data.input_batch import InputBatch
+from core_runner.step_data.scheduler_output import NewRequest
 
 
 class ModelState(ABC):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from importlib.metadata import entry_points, version, PackageNotFoundError
+from importlib.metadata import PackageNotFoundError, entry_points, version
 from types import ModuleType
 from typing import Iterable
 

@@ -39,7 +39,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from core_runner.sdk import AttnMetadata, InputBatch, KVCacheSpec, ModelState, NewRequest, POOLING_TYPES, PoolingParams, StagedWriteTensor
+from core_runner.sdk import (
+    POOLING_TYPES,
+    AttnMetadata,
+    InputBatch,
+    KVCacheSpec,
+    ModelState,
+    NewRequest,
+    PoolingParams,
+    StagedWriteTensor,
+)
 from model_states.default import attn_metadata_from_batch, collect_kv_cache_specs
 
 logger = logging.getLogger(__name__)

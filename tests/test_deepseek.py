@@ -10,9 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import (
-    Checkpoint, Recorder, assert_logits_match_hf, greedy, hf_greedy, make_engine, random_prompts, run,
+    Checkpoint,
+    Recorder,
+    assert_logits_match_hf,
+    greedy,
+    hf_greedy,
+    make_engine,
+    random_prompts,
+    run,
 )
 
 BASE = dict(
@@ -173,7 +179,6 @@ def test_fused_moe_layer_matches_reference_experts(deepseek_ckpts):
 
 def test_unsupported_rope_scaling_is_refused():
     import transformers
-
     from core_runner_deepseek.model import DeepseekV2ForCausalLM
 
     cfg = transformers.DeepseekV2Config(**{**BASE, "topk_method": "greedy"})
@@ -222,8 +227,9 @@ def test_registered_with_capabilities():
 
 
 def test_registry_declares_deepseek():
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     table = tomllib.loads((Path(__file__).parents[1] / "registry.toml").read_text())["architectures"]
     for arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):

@@ -179,3 +179,25 @@ def test_stop_recording_stops(untied):
     assert e.debug.record_steps() is steps
     run(e, [("c", random_prompts([4], seed=6)[0], greedy(2))])
     assert len(steps) == n + 2 and steps[-1].req_ids == ["c"]
+
+
+def test_sampling_host_state_tracks_each_stage(untied):
+    """The suite's snapshots see the sampler's host mirrors: a sampled request with a cut
+    and a logit bias shows up in its stages' state, and removing it restores the defaults."""
+    e = make_engine(untied)
+    empty = e.debug.sampling_host_state()
+    assert {"TemperatureStage", "CutStage", "LogitBiasStage"} <= set(empty)
+    from core_runner import SamplingParams
+
+    e.add_request([5, 6, 7], SamplingParams(max_tokens=4, temperature=0.8, top_k=5, logit_bias={3: 1.0}),
+                  req_id="a")
+    e.step()
+    busy = e.debug.sampling_host_state()
+    row = e.debug.row_of("a")
+    assert busy["TemperatureStage"]["users"] == [row] and busy["TemperatureStage"]["temperature_cpu"][row] == 0.8
+    assert busy["CutStage"]["top_k_cpu"][row] == 5
+    assert busy != empty
+    drain(e)
+    e.step()  # the runner frees a finished request's row at the start of the next step
+    assert e.debug.rows() == {}
+    assert e.debug.sampling_host_state() == empty

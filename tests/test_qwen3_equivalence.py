@@ -8,9 +8,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import (
-    Recorder, assert_logits_match_hf, greedy, hf_greedy, hf_logits, make_engine, random_prompts, run,
+    Recorder,
+    assert_logits_match_hf,
+    greedy,
+    hf_greedy,
+    hf_logits,
+    make_engine,
+    random_prompts,
+    run,
 )
 
 LOGIT_ATOL = 1e-4

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from helpers import (
-    Checkpoint, Recorder, assert_logits_match_hf, greedy, hf_greedy, make_engine, random_prompts, run,
+    Checkpoint,
+    Recorder,
+    assert_logits_match_hf,
+    greedy,
+    hf_greedy,
+    make_engine,
+    random_prompts,
+    run,
 )
 
 BASE = dict(
@@ -52,8 +58,9 @@ def test_logits_match_hf(moe_ckpts, name):
 
 
 def test_sparse_layer_layout(moe_ckpts):
-    from core_runner.layers.fused_moe import FusedMoE
     from core_runner_qwen3.model_moe import Qwen3MoeForCausalLM
+
+    from core_runner.layers.fused_moe import FusedMoE
 
     for name in CONFIGS:
         hf = moe_ckpts[name].hf

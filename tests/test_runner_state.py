@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import (
+    Recorder,
+    device_tables,
+    drain,
+    fill_free_kv_blocks_with_garbage,
+    fill_garbage,
+    greedy,
+    hf_greedy,
+    make_engine,
+    random_prompts,
+    run,
+    sampled,
+    snapshot,
+    snapshot_diff,
+    step_until,
+)
 
 from core_runner.step_data.scheduler_output import SchedulerOutput
-from helpers import (
-    Recorder, device_tables, drain, fill_free_kv_blocks_with_garbage, fill_garbage, greedy, hf_greedy,
-    make_engine, random_prompts, run, sampled, snapshot, snapshot_diff, step_until,
-)
 
 N_NEW = 12
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import Recorder, drain, hf_greedy, hf_logits, make_engine, random_prompts, run, step_until
 
 from core_runner import LLM, SamplingParams
-from helpers import Recorder, drain, hf_greedy, hf_logits, make_engine, random_prompts, run, step_until
 
 N_NEW = 8
 FULL = dict(temperature=0.9, top_k=40, top_p=0.85, min_p=0.02, repetition_penalty=1.3, frequency_penalty=0.4,

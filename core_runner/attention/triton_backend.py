@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from core_runner.attention.backend import AttentionBackend, AttnMetadata
-from core_runner.kernels.kv_write import write_kv_triton
-from core_runner.kernels.mla_attention import mla_attention_triton
-from core_runner.kernels.paged_attention import paged_attention_triton
+from core_runner.kernels.kv_write_triton import write_kv_triton
+from core_runner.kernels.mla_attention_triton import mla_attention_triton
+from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
 
 class TritonPagedAttention(AttentionBackend):

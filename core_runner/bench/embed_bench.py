@@ -97,7 +97,7 @@ def run_transformers_embed(model: str, sentences: list[str], *, device: str, dty
     _sync(device)
     elapsed = time.perf_counter() - start
     res = {"sentences_per_s": len(sentences) / elapsed, "seconds": elapsed}
-    del hf
+    hf = None  # the weights go before empty_cache (encode's closure holds the same cell)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return res, vecs

@@ -178,8 +178,8 @@ def format_result(name: str, r: dict) -> str:
         lines.append(f"  roofline {r['roofline_tok_s']:,.0f} tok/s (copy bw {r['copy_bw_gb_s']:.0f} GB/s): "
                      f"ratio {r['ratio_to_roofline']:.2f}")
     if "step_ms_p50" in r:
-        lines.append(f"  step wall time mean {r.get('step_ms_mean', float('nan')):.2f} ms p50 {r['step_ms_p50']:.2f} ms p99 {r['step_ms_p99']:.2f} ms "
-                     f"max {r['step_ms_max']:.1f} ms")
+        lines.append(f"  step wall time mean {r.get('step_ms_mean', float('nan')):.2f} ms "
+                     f"p50 {r['step_ms_p50']:.2f} ms p99 {r['step_ms_p99']:.2f} ms max {r['step_ms_max']:.1f} ms")
         for st in r.get("slow_steps", [])[:5]:
             lines.append(f"    slow step {st['step']}: {st['ms']:.0f} ms ({st['reqs']} reqs, {st['tokens']} tokens)")
     if "gpu_idle_frac" in r:

@@ -38,7 +38,7 @@ def scheduler_limits_around_max_model_len(ctx: Ctx) -> None:
     for name, budget in budgets.items():
         opts = dict(max_model_len=mml, max_num_seqs=4, max_num_batched_tokens=budget)
         if name == "below" and not ctx.chunked:
-            expect_raises(lambda: ctx.engine(**opts), UnsupportedError,
+            expect_raises(lambda opts=opts: ctx.engine(**opts), UnsupportedError,
                           f"max_num_batched_tokens={budget} < max_model_len={mml} without chunked prefill",
                           match="chunked prefill")
             ctx.note("a budget below max_model_len is refused (chunked prefill unsupported)")
@@ -113,7 +113,8 @@ def bad_prompts_rejected_cleanly(ctx: Ctx) -> None:
         "token id -1": ([5, -1], "vocabulary"),
     }
     for i, (what, (prompt, word)) in enumerate(bad.items()):
-        expect_raises(lambda: e.add_request(prompt, greedy(4), req_id=f"bad{i}"), ValueError, what, match=word)
+        expect_raises(lambda p=prompt, i=i: e.add_request(p, greedy(4), req_id=f"bad{i}"), ValueError, what,
+                      match=word)
     diff = snapshot_diff(before, snapshot(e))
     if diff:
         fail(f"rejected prompts changed engine state: {diff}")

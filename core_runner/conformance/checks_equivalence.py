@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from core_runner.conformance.harness import (
-    Ctx, Recorder, drain, fail, greedy, run, sampled, step_until,
+    Ctx,
+    Recorder,
+    drain,
+    fail,
+    greedy,
+    run,
+    sampled,
+    step_until,
 )
 
 N_NEW = 12

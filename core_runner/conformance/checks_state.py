@@ -7,10 +7,24 @@ from typing import Any
 import torch
 
 from core_runner.conformance.harness import (
-    Ctx, Recorder, cdiv, drain, fail, greedy, run, sampled, step_until, supports_logprobs,
+    Ctx,
+    Recorder,
+    cdiv,
+    drain,
+    fail,
+    greedy,
+    run,
+    sampled,
+    step_until,
+    supports_logprobs,
 )
 from core_runner.conformance.state_tools import (
-    fill_free_blocks_with_garbage, fill_garbage, paged_caches, row_tables, snapshot, snapshot_diff,
+    fill_free_blocks_with_garbage,
+    fill_garbage,
+    paged_caches,
+    row_tables,
+    snapshot,
+    snapshot_diff,
 )
 
 
@@ -21,7 +35,7 @@ def reused_row_is_fresh(ctx: Ctx) -> None:
     z, x, y = ctx.ref.prompts([13, 20, 9], seed=41)
     filled: list[str] = []
     for kind in ("greedy", "seeded-sampled"):
-        def params() -> Any:
+        def params(kind: str = kind) -> Any:
             return greedy(10) if kind == "greedy" else sampled(10, seed=77, top_k=40)
 
         fresh = ctx.engine(max_num_seqs=3)
@@ -36,7 +50,7 @@ def reused_row_is_fresh(ctx: Ctx) -> None:
         # X leaves non-default settings and real state in its row; Y decodes throughout
         e.add_request(x, sampled(3, seed=5, temperature=1.3, top_k=7, top_p=0.5), req_id="X")
         e.add_request(y, greedy(16), req_id="Y")
-        step_until(e, outs, lambda: "X" in outs and e.debug.row_of("X") is None)
+        step_until(e, outs, lambda e=e, outs=outs: "X" in outs and e.debug.row_of("X") is None)
         if "Y" in outs:
             fail("setup: Y finished before X's row was freed")
         row = rec.rows_of("X")[0]
@@ -306,7 +320,7 @@ def event_order(ctx: Ctx) -> None:
         fail("setup: no step removed and added requests together")
     if not saw_preempt:
         fail("setup: the forced preemption never came back as a re-add")
-    for i, (p, n) in enumerate(zip(prompts, lens)):
+    for i, p in enumerate(prompts):
         ctx.expect_greedy(p, outs[f"r{i}"].token_ids, f"r{i}")
 
 

@@ -102,7 +102,7 @@ def random_lifecycles(ctx: Ctx) -> None:
         @invariant()
         def prefixes_and_blocks(self) -> None:
             sched = self.engine.scheduler
-            for rid, (prompt, max_tokens) in self.live.items():
+            for rid, (prompt, _max_tokens) in self.live.items():
                 req = sched.requests.get(rid)
                 if req is None:
                     fail(f"live request {rid} vanished from the scheduler")

@@ -39,7 +39,7 @@ def snapshot(engine: Any) -> dict[str, Any]:
     snap["host.req_id_to_row"] = engine.debug.rows()
     snap["host.free_rows"] = list(rs.free_rows)
     snap["host.num_blocks_cpu"] = list(rs.num_blocks_cpu)
-    snap["host.sampling_cpu"] = [list(v) for k, v in sorted(vars(ss).items()) if k.endswith("_cpu")]
+    snap["host.sampling"] = engine.debug.sampling_host_state()
     staged = [v for v in (*vars(rs).values(), *vars(ss).values()) if hasattr(v, "has_staged")]
     snap["host.staged"] = [t.has_staged for t in staged]
     sched = engine.scheduler

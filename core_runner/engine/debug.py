@@ -135,6 +135,10 @@ class EngineDebug:
         return {f"kv.{spec.layer_name}": runner.kv_caches[spec.layer_name]
                 for spec in runner.model_state.kv_cache_specs() if isinstance(spec, PagedCacheSpec)}
 
+    def sampling_host_state(self) -> dict:
+        """A copy of every sampling stage's host mirrors (settings, users), by stage."""
+        return self._engine.runner.sampling.host_state()
+
     @property
     def num_rows(self) -> int:
         return self._engine.runner.req_state.num_rows

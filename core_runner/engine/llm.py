@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-
 from tqdm.auto import tqdm
 
 from core_runner.config import EngineConfig

@@ -20,7 +20,12 @@ from core_runner.engine.request import Request
 from core_runner.engine.scheduler import Scheduler
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
-    architecture_of, build_model, eos_token_ids, load_hf_config, load_tokenizer, resolve_dtype,
+    architecture_of,
+    build_model,
+    eos_token_ids,
+    load_hf_config,
+    load_tokenizer,
+    resolve_dtype,
 )
 from core_runner.oracle import check_model_fits, plan_execution
 from core_runner.plugins import PluginManager, load_plugins

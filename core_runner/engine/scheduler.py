@@ -19,8 +19,8 @@ from collections import deque
 
 from core_runner.engine.block_pool import BlockPool
 from core_runner.engine.request import Request, RequestStatus
-from core_runner.step_data.scheduler_output import NewRequest, SchedulerOutput
 from core_runner.runner.output import ModelRunnerOutput
+from core_runner.step_data.scheduler_output import NewRequest, SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

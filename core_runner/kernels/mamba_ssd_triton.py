@@ -1,7 +1,7 @@
 """Chunk-parallel (SSD) selective scan of the Mamba2 mixer over a ragged batch, in Triton.
 
 Same inputs, outputs and state handling as ``ssm_scan_varlen_triton`` (mamba_triton.py);
-the math is ``ssd_chunk_scan_ref`` (mamba_ref.py). Each request's tokens are cut into
+the math is ``ssd_chunk_scan_ref`` (mamba.py). Each request's tokens are cut into
 chunks of CHUNK tokens (never crossing a request boundary). With a = dt' A and c the
 cumulative sum of a inside a chunk:
 

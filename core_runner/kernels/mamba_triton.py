@@ -1,4 +1,4 @@
-"""Triton kernels of the Mamba2 mixer over a ragged batch (references: mamba_ref.py).
+"""Triton kernels of the Mamba2 mixer over a ragged batch (references: mamba.py).
 
 Both kernels take the step's request list from device tensors only (state rows,
 has-initial-state flags, query_start_loc), so they are CUDA-graph safe: the grid depends

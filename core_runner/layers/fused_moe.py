@@ -10,7 +10,7 @@ routes each of them into its slice with the shard id ``(expert, "gate"|"up"|"dow
 sum_k w_k * down_e(silu(gate_e(x)) * up_e(x)). Routing (the ids and weights) is the
 caller's: see ``core_runner.layers.moe_routing``. The torch reference (a loop over the
 experts) runs on the CPU / torch backend; the Triton grouped GEMM
-(``core_runner.kernels.fused_moe``) runs where the other layers' Triton kernels do
+(``core_runner.kernels.fused_moe_triton``) runs where the other layers' Triton kernels do
 (``forward_context.use_triton_kernels``).
 """
 from __future__ import annotations
@@ -63,7 +63,8 @@ class _StackedExpertWeight(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         if shard_id is None:  # an already stacked tensor
             if loaded.shape != param.shape:
-                raise ValueError(f"stacked expert tensor has shape {tuple(loaded.shape)}, expected {tuple(param.shape)}")
+                raise ValueError(f"stacked expert tensor has shape {tuple(loaded.shape)}, "
+                                 f"expected {tuple(param.shape)}")
             param.data.copy_(loaded.to(param.dtype))
             return
         if (not isinstance(shard_id, tuple) or len(shard_id) != 2 or shard_id[1] not in self.shards
@@ -99,7 +100,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if self._use_triton(hidden):
-            from core_runner.kernels.fused_moe import fused_moe_triton
+            from core_runner.kernels.fused_moe_triton import fused_moe_triton
 
             return fused_moe_triton(hidden, self.w13.weight, self.w2.weight, topk_weights, topk_ids)
         return fused_moe_ref(hidden, self.w13.weight, self.w2.weight, topk_weights, topk_ids)

@@ -18,7 +18,7 @@ What it needs per step comes from the forward context, ``attn_metadata.extra["ma
 With kernels='triton' (``use_triton_kernels``; the attention backend does not matter)
 the conv and scan run as Triton kernels (graph safe; steps with prefill tokens use the
 chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise the torch references
-in ``core_runner.kernels.mamba_ref`` run one request at a time.
+in ``core_runner.kernels.mamba`` run one request at a time.
 """
 from __future__ import annotations
 
@@ -148,7 +148,7 @@ class Mamba2Mixer(nn.Module):
                 write_state=meta["write_state"],
             )
         else:
-            from core_runner.kernels.mamba_ref import mamba_varlen_ref
+            from core_runner.kernels.mamba import mamba_varlen_ref
 
             y = mamba_varlen_ref(
                 xbc, dt, weight, self.conv1d.bias, A, self.D, self.dt_bias, conv_state, ssm_state,

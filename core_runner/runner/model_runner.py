@@ -14,18 +14,18 @@ from tqdm.auto import tqdm
 
 from core_runner.attention.backend import AttentionBackend
 from core_runner.config import EngineConfig
-from core_runner.step_data.scheduler_output import SchedulerOutput
 from core_runner.forward_context import set_forward_context
 from core_runner.kernels.input_prep import post_update_ref, prepare_inputs_ref
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.model_state import ModelState
 from core_runner.runner.async_output import AsyncOutput
 from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManager, GraphKey
-from core_runner.step_data.input_batch import InputBatch, InputBuffers
 from core_runner.runner.output import ModelRunnerOutput
 from core_runner.runner.request_state import RequestState
 from core_runner.sample import SamplerOutput, SamplingState, sample
 from core_runner.sample.logprobs import StepLogprobs
+from core_runner.step_data.input_batch import InputBatch, InputBuffers
+from core_runner.step_data.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 

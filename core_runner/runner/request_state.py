@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from core_runner.step_data.scheduler_output import NewRequest
 from core_runner.step_data.buffers import StagedWriteTensor
+from core_runner.step_data.scheduler_output import NewRequest
 
 
 class RequestState:
@@ -45,7 +45,9 @@ class RequestState:
         if not self.free_rows:
             raise RuntimeError(f"no free request row: all {self.max_num_reqs} rows are in use")
         if len(req.token_ids) > self.max_model_len:
-            raise ValueError(f"request {req.req_id!r} has {len(req.token_ids)} tokens > max_model_len={self.max_model_len}")
+            raise ValueError(
+                f"request {req.req_id!r} has {len(req.token_ids)} tokens > max_model_len={self.max_model_len}"
+            )
         row = self.free_rows.pop()
         self.req_id_to_row[req.req_id] = row
         self.token_ids.stage_write(row, 0, req.token_ids)

@@ -83,6 +83,10 @@ class SamplingState:
         for s in self.stages:
             s.apply_staged_writes()
 
+    def host_state(self) -> dict[str, Any]:
+        """Every stage's host mirrors, by stage class (a copy; for state checks)."""
+        return {type(s).__name__: s.host_state() for s in self.stages}
+
     def tables(self) -> dict[str, torch.Tensor]:
         """Every per-row device table (dim 0 = row), by name."""
         return {k: t for s in self.stages for k, t in s.tables().items()}

@@ -9,6 +9,10 @@ like a fresh one.
 """
 from __future__ import annotations
 
+import copy
+from abc import ABC, abstractmethod
+from typing import Any
+
 import torch
 
 from core_runner.step_data.buffers import StagedWriteTensor
@@ -23,6 +27,19 @@ def host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.pin_memory().to(device, non_blocking=True)
 
 
+def _plain(v: Any) -> Any:
+    """Tensors as lists, sets sorted, containers rebuilt: a copy that compares by value."""
+    if isinstance(v, torch.Tensor):
+        return v.tolist()
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, set):
+        return sorted(v)
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return copy.deepcopy(v)
+
+
 class Step:
     """One step's batch as the stages see it: host rows and the device idx_mapping."""
 
@@ -33,7 +50,7 @@ class Step:
         self.idx = batch.idx_mapping[: self.n].long()
 
 
-class Stage:
+class Stage(ABC):
     """Base: per-row device tables by name, the users set, add / remove / apply."""
 
     def __init__(self, num_rows: int, device: torch.device, tables: dict[str, torch.dtype] | None = None) -> None:
@@ -63,11 +80,18 @@ class Stage:
             return []
         return [i for i, r in enumerate(step.rows) if r in self.users]
 
+    @abstractmethod
     def add_request(self, row: int, req: NewRequest) -> None:
-        raise NotImplementedError
+        """Write every per-row field this stage owns for the request now in ``row``."""
 
     def remove_request(self, row: int) -> None:
         self.users.discard(row)
+
+    def host_state(self) -> dict[str, Any]:
+        """A plain copy of the host mirrors (every attribute but the device tables) that
+        compares with ``==``: for state checks."""
+        return {k: _plain(v) for k, v in vars(self).items()
+                if k not in ("staged", "device") and not isinstance(v, torch.Tensor)}
 
     def apply_staged_writes(self) -> None:
         for t in self.staged.values():

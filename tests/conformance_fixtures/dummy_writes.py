@@ -1,7 +1,6 @@
 """Broken: a dummy run zeroes the ModelState's per-row offsets (CR-STATE-02)."""
-from core_runner import hookimpl
-
 from conformance_fixtures import OFFSETS, register
+from core_runner import hookimpl
 
 
 @hookimpl

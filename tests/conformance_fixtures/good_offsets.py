@@ -1,7 +1,6 @@
 """Control: per-row state kept correctly (offsets.RowOffsetState). Passes what the broken variants fail."""
-from core_runner import hookimpl
-
 from conformance_fixtures import OFFSETS, register
+from core_runner import hookimpl
 
 
 @hookimpl

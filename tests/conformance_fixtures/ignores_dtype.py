@@ -1,8 +1,7 @@
 """Broken: the model builds itself in float32 whatever EngineConfig.dtype says: an option
 silently ignored (CR-BOUND-04)."""
-from core_runner import hookimpl
-
 from conformance_fixtures import DEFAULT_STATE, OFFSETS, register
+from core_runner import hookimpl
 
 
 @hookimpl

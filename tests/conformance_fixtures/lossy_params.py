@@ -1,8 +1,7 @@
 """Broken: the ModelState takes the logprob count (or, without logprobs, the temperature) out
 of the request on add, so it is lost when the request is re-added after preemption (CR-STATE-03)."""
-from core_runner import hookimpl
-
 from conformance_fixtures import LLAMA, OFFSETS, register
+from core_runner import hookimpl
 
 
 @hookimpl

@@ -10,8 +10,8 @@ import dataclasses
 import types
 
 import torch
-
 from core_runner_llama_template.model import LlamaForCausalLM
+
 from model_states.default import DefaultModelState
 
 

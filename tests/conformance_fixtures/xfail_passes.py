@@ -1,8 +1,7 @@
 """Broken-plugin fixture `xfail_passes`: declares chunked prefill xfail, yet it works. A
 strict xfail that passes must fail the run (CR-EQ-02)."""
-from core_runner import hookimpl
-
 from conformance_fixtures import DEFAULT_STATE, LLAMA, register
+from core_runner import hookimpl
 
 
 @hookimpl

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core_runner.kernels.fused_moe import fused_moe_triton, moe_align
+from core_runner.kernels.fused_moe_triton import fused_moe_triton, moe_align
 from core_runner.layers.fused_moe import fused_moe_ref
 
 

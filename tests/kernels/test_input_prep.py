@@ -322,7 +322,8 @@ def _special_values(dtype, n, g):
 def test_staged_writes_bit_exact(device, dtype, shape):
     """The same ragged writes applied by StagedWriteTensor (reference) and by the Triton
     scatter of an independently packed [indices | words] buffer: identical bits."""
-    g = torch.Generator().manual_seed(len(shape) * 10 + [torch.int32, torch.int64, torch.float32, torch.float64].index(dtype))
+    dtypes = [torch.int32, torch.int64, torch.float32, torch.float64]
+    g = torch.Generator().manual_seed(len(shape) * 10 + dtypes.index(dtype))
     ref = StagedWriteTensor(shape, dtype, device)
     table = torch.zeros(shape, dtype=dtype, device=device)
     cols = shape[1] if len(shape) == 2 else shape[0]
@@ -413,7 +414,7 @@ def test_cuda_graph_replay_without_syncs():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    for trial in range(2):
+    for _trial in range(2):
         idx, qsl, nc_cpu, _ = _batch(g, num_rows, max_len, max_reqs=max_reqs, max_prefill=12)
         idx = torch.cat([idx, torch.full((max_reqs - idx.numel(),), num_rows - 1, dtype=torch.int32)])
         qsl = torch.cat([qsl, qsl[-1].repeat(max_reqs + 1 - qsl.numel())])  # empty trailing requests

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from core_runner.attention.torch_backend import write_kv_ref
-from core_runner.kernels.kv_write import write_kv_triton
+from core_runner.kernels.kv_write_triton import write_kv_triton
 
 
 def _case(device, num_parts, num_blocks, block_size, kv_heads, head_size, num_tokens, slot_dtype, seed=0):

@@ -6,8 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core_runner.kernels.mamba_ref import (
-    causal_conv1d_ref, conv_step_ref, mamba_varlen_ref, ssd_chunk_scan_ref, ssm_step_ref,
+from core_runner.kernels.mamba import (
+    causal_conv1d_ref,
+    conv_step_ref,
+    mamba_varlen_ref,
+    ssd_chunk_scan_ref,
+    ssm_step_ref,
 )
 
 H, P, N, G, K = 4, 8, 16, 2, 4

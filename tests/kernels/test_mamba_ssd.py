@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from core_runner.kernels.mamba_ref import ssd_chunk_scan_ref
+from core_runner.kernels.mamba import ssd_chunk_scan_ref
 from core_runner.kernels.mamba_ssd_triton import max_num_chunks, ssd_chunk_scan_varlen_triton
 from core_runner.kernels.mamba_triton import ssm_scan_varlen_triton
+
 
 def _step(gen, H, P, N, G, q_lens, has_init, rows, pad_reqs=0, pad_tokens=0, num_rows=8):
     """A ragged step with x / dt / B / C as strided column views of one projection, like

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from core_runner.attention.mla import mla_attention_ref
-from core_runner.kernels.mla_attention import mla_attention_triton
+from core_runner.kernels.mla_attention_triton import mla_attention_triton
 
 
 def _batch(q_lens, ctx_lens, heads, lora, rope, block_size, g, extra_tokens=0):

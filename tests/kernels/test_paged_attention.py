@@ -10,7 +10,7 @@ import torch
 
 from core_runner.attention.backend import AttnMetadata
 from core_runner.attention.torch_backend import TorchPagedAttention, paged_attention_ref
-from core_runner.kernels.paged_attention import paged_attention_triton
+from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

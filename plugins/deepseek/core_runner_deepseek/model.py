@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core_runner.layers import LMHead, Linear, MergedLinear, RMSNorm, SiluAndMul, VocabEmbedding
+from core_runner.layers import Linear, LMHead, MergedLinear, RMSNorm, SiluAndMul, VocabEmbedding
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.linear import default_weight_loader
 from core_runner.layers.mla import MLAAttention

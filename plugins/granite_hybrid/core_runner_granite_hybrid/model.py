@@ -11,7 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from core_runner.layers import (
-    Attention, LMHead, Linear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul, VocabEmbedding, rope_theta_of,
+    Attention,
+    Linear,
+    LMHead,
+    QKVLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    VocabEmbedding,
+    rope_theta_of,
 )
 from core_runner.layers.linear import default_weight_loader
 from core_runner.layers.mamba2 import Mamba2Mixer

@@ -7,8 +7,16 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
-    Attention, LMHead, Linear, MergedLinear, QKVLinear, RMSNorm, RotaryEmbedding, SiluAndMul,
-    VocabEmbedding, rope_theta_of,
+    Attention,
+    Linear,
+    LMHead,
+    MergedLinear,
+    QKVLinear,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+    VocabEmbedding,
+    rope_theta_of,
 )
 
 

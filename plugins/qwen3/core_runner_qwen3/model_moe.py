@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core_runner.layers import LMHead, Linear
+from core_runner.layers import Linear, LMHead
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.moe_routing import softmax_topk
 from core_runner_qwen3.model import Qwen3DecoderLayer, Qwen3Model

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from core_runner.kernels.request_lookup import request_of_program
+from core_runner.kernels.request_lookup_triton import request_of_program
 
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
