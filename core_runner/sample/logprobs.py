@@ -53,8 +53,8 @@ class LogprobTensors:
 
 
 def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, use_triton: bool = False) -> LogprobTensors:
-    """Raw logprobs of ``token_ids`` and of each row's ``k`` most likely tokens."""
-    logits = logits.float()
+    """Raw logprobs of ``token_ids`` and of each row's ``k`` most likely tokens (logits of any
+    float dtype: the kernels and the reference compute in float32, nothing is copied whole)."""
     if use_triton:
         from core_runner.sample.logprobs_triton import logsumexp_rank_triton
 
@@ -63,7 +63,7 @@ def compute_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, k: int, use_
         lse, tok, rank = logsumexp_rank_ref(logits, token_ids)
     k = min(max(k, 0), logits.shape[1])
     top_vals, top_ids = logits.topk(k, dim=-1) if k else (logits[:, :0], logits[:, :0].long())
-    return LogprobTensors(token_ids.long(), tok - lse, rank, top_ids, top_vals - lse[:, None])
+    return LogprobTensors(token_ids.long(), tok - lse, rank, top_ids, top_vals.float() - lse[:, None])
 
 
 class LogprobsStage(Stage):

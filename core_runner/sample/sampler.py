@@ -104,7 +104,7 @@ class SamplingState:
 
 
 def draw_tokens(x: torch.Tensor, draw: Draw | None, cuts: Cuts | None, use_triton: bool) -> torch.Tensor:
-    """Stages 3-5 on float32 logits ``x``: argmax, a Gumbel draw, or one under the cuts."""
+    """Stages 3-5 on logits ``x`` (float32 on the torch path): argmax, a Gumbel draw, or one under the cuts."""
     if draw is None:
         return x.argmax(dim=-1)
     args = (x, draw.inv_temp, draw.seeds, draw.positions)
@@ -121,12 +121,16 @@ def draw_tokens(x: torch.Tensor, draw: Draw | None, cuts: Cuts | None, use_trito
 
 
 def sample_inputs(logits: torch.Tensor, inputs: StepInputs, use_triton: bool = False) -> SamplerOutput:
-    """The pipeline on gathered inputs (``sample`` without the state; tests call it too)."""
-    raw = logits.float()
+    """The pipeline on gathered inputs (``sample`` without the state; tests call it too).
+
+    The Triton kernels read the logits in their own dtype (bf16 logits are never widened
+    into a [n, V] float32 copy); the torch path computes in float32."""
+    raw = logits if use_triton else logits.float()
     work = raw
     if inputs.edits:
-        if raw is logits or inputs.logprob_rows:  # .float() of bf16 is a copy already
-            work = raw.clone()
+        work = logits.float()
+        if work is logits:  # raw stays the model's: the edits go to a copy
+            work = work.clone()
         for apply, x in inputs.edits:
             apply(work, x)
     sampled = draw_tokens(work, inputs.draw, inputs.cuts, use_triton)

@@ -82,3 +82,26 @@ def test_default_shape_on_the_gpu():
     flags = _check("cuda", logits, [1 / 0.7] * 16, [-1] * 16, [0.9] * 16, [0.0] * 16, seed=7,
                    block=512, parts=8, cap=1024)
     assert flags[:8] == [0] * 8 and flags[8:] == [1] * 8
+
+
+def test_bf16_logits_are_read_in_place(device):
+    """The Triton pipeline reads bf16 logits in their own dtype (no [n, V] float32 copy) and
+    draws the tokens the torch path draws from the same values widened to float32: greedy,
+    temperature-only and cut rows, with and without a logit bias."""
+    from core_runner.sample.gumbel import Draw
+    from core_runner.sample.sampler import StepInputs, sample_inputs
+    from core_runner.sample.top_k_top_p import Cuts
+
+    g = torch.Generator().manual_seed(9)
+    n, vocab = 6, 500
+    logits = (torch.randn(n, vocab, generator=g) * 6).to(torch.bfloat16)
+    inv = torch.tensor([0.0, 1.4, 1.4, 1.0, 2.0, 1.4])
+    seeds, pos = torch.randint(0, 2**40, (n,), generator=g), torch.randint(0, 999, (n,), generator=g)
+    cuts = Cuts(torch.tensor([-1, -1, 5, -1, 30, -1], dtype=torch.int32), torch.tensor([1.0, 1.0, 1.0, 0.9, 0.8, 1.0]),
+                torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, 0.2]).log())
+    d = lambda x: x.to(device)  # noqa: E731
+    for with_cuts in (False, True):
+        want = sample_inputs(logits, StepInputs(Draw(inv, seeds, pos), cuts if with_cuts else None)).sampled
+        dcuts = Cuts(d(cuts.top_k), d(cuts.top_p), d(cuts.log_min_p)) if with_cuts else None
+        got = sample_inputs(d(logits), StepInputs(Draw(d(inv), d(seeds), d(pos)), dcuts), use_triton=True).sampled
+        assert torch.equal(got.cpu(), want), with_cuts
