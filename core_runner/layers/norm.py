@@ -17,7 +17,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
 
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+    def norm_ref(self, x: torch.Tensor) -> torch.Tensor:
+        """The torch reference of the Triton kernel (``kernels/rms_norm_triton.py``)."""
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)
@@ -39,6 +40,6 @@ class RMSNorm(nn.Module):
 
             return rms_norm_triton(x, self.weight, self.eps, residual)
         if residual is None:
-            return self._norm(x)
+            return self.norm_ref(x)
         x = x + residual
-        return self._norm(x), x
+        return self.norm_ref(x), x

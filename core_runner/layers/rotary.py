@@ -32,7 +32,8 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(t, inv_freq)
         self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate_ref(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The torch reference of the Triton kernel (``kernels/rotary_triton.py``)."""
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim:]
         x1, x2 = rot.float().chunk(2, dim=-1)
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
@@ -47,4 +48,4 @@ class RotaryEmbedding(nn.Module):
 
             return rotary_triton(positions, q, k, self.cos_sin, self.rotary_dim)
         cos, sin = self.cos_sin[positions.long()].unsqueeze(1).chunk(2, dim=-1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        return self.rotate_ref(q, cos, sin), self.rotate_ref(k, cos, sin)

@@ -16,7 +16,7 @@ MAX_POS = 300
 def _ref(rope, positions, q, k):
     """The layer's torch path, whatever the device."""
     cos, sin = rope.cos_sin[positions.long()].unsqueeze(1).chunk(2, dim=-1)
-    return rope._rotate(q, cos, sin), rope._rotate(k, cos, sin)
+    return rope.rotate_ref(q, cos, sin), rope.rotate_ref(k, cos, sin)
 
 
 def _qk(t, heads, kv_heads, hd, device, dtype=torch.float32, seed=0):
