@@ -1,5 +1,6 @@
-"""rotary_triton against the RotaryEmbedding layer's torch code: strided q/k views,
-rotary_dim < head_size (pass-through tail), shuffled positions, and the layer's dispatch."""
+"""rotary_triton against the RotaryEmbedding layer's torch code: both layouts (rotate-half
+and interleaved), strided q/k views, rotary_dim < head_size (pass-through tail), shuffled
+positions, and the layer's dispatch (incl. MLA's one shared [T, R] key)."""
 
 import pytest
 import torch
@@ -28,14 +29,15 @@ def _qk(t, heads, kv_heads, hd, device, dtype=torch.float32, seed=0):
     return positions.to(device), q.reshape(t, heads, hd), k.reshape(t, kv_heads, hd)
 
 
+@pytest.mark.parametrize("neox", [True, False])
 @pytest.mark.parametrize("pos_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("t", [1, 37])
 @pytest.mark.parametrize("heads,kv_heads,hd,rot", [(4, 2, 32, 32), (3, 1, 48, 16), (6, 6, 64, 40)])
-def test_matches_reference(device, pos_dtype, t, heads, kv_heads, hd, rot):
-    rope = RotaryEmbedding(hd, rot, MAX_POS, 10000.0).to(device)
+def test_matches_reference(device, neox, pos_dtype, t, heads, kv_heads, hd, rot):
+    rope = RotaryEmbedding(hd, rot, MAX_POS, 10000.0, is_neox_style=neox).to(device)
     positions, q, k = _qk(t, heads, kv_heads, hd, device, seed=t + hd)
     q0, k0 = q.clone(), k.clone()
-    q_out, k_out = rotary_triton(positions.to(pos_dtype), q, k, rope.cos_sin, rot)
+    q_out, k_out = rotary_triton(positions.to(pos_dtype), q, k, rope.cos_sin, rot, is_neox_style=neox)
     q_ref, k_ref = _ref(rope, positions, q, k)
     assert q_out.shape == q.shape and k_out.shape == k.shape
     torch.testing.assert_close(q_out, q_ref, atol=1e-5, rtol=1e-5)
@@ -43,6 +45,14 @@ def test_matches_reference(device, pos_dtype, t, heads, kv_heads, hd, rot):
     if rot < hd:  # the tail past rotary_dim is copied bit for bit
         assert torch.equal(q_out[..., rot:], q[..., rot:]) and torch.equal(k_out[..., rot:], k[..., rot:])
     assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+def test_layouts_differ(device):
+    """The interleaved and rotate-half outputs differ (the layout flag is not ignored)."""
+    positions, q, k = _qk(4, 2, 2, 16, device, seed=3)
+    outs = [rotary_triton(positions, q, k, RotaryEmbedding(16, 16, MAX_POS).to(device).cos_sin, 16,
+                          is_neox_style=neox)[0] for neox in (True, False)]
+    assert (outs[0] - outs[1]).abs().max() > 1e-2
 
 
 def test_contiguous_inputs_many_heads(device):
@@ -73,6 +83,25 @@ def test_layer_dispatch(device, monkeypatch):
     with set_forward_context(None, None, "torch"):
         rope(positions, q, k)
     assert calls == [1]
+
+
+def test_layer_dispatch_shared_key_interleaved(device, monkeypatch):
+    """MLA: q_pe [T, H, R] a strided view, k_pe [T, R] one shared key; interleaved pairs."""
+    calls = []
+    real = rope_mod.rotary_triton
+    monkeypatch.setattr(rope_mod, "rotary_triton", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    rope = RotaryEmbedding(8, 8, MAX_POS, 10000.0, is_neox_style=False).to(device)
+    g = torch.Generator().manual_seed(4)
+    q_full = torch.randn(9, 3, 24, generator=g).to(device)
+    q_pe = q_full[..., 16:]
+    k_pe = torch.randn(9, 40, generator=g).to(device)[:, 32:]
+    positions = torch.randperm(MAX_POS, generator=g)[:9].to(device)
+    with set_forward_context(None, None, "triton"):
+        q_out, k_out = rope(positions, q_pe, k_pe)
+    assert calls == [{"is_neox_style": False}] and k_out.shape == (9, 8)
+    q_ref, k_ref = _ref(rope, positions, q_pe, k_pe.unsqueeze(1))
+    torch.testing.assert_close(q_out, q_ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k_out, k_ref.squeeze(1), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.gpu

@@ -19,20 +19,14 @@ from core_runner.layers import (
     MergedLinear,
     QKVLinear,
     RMSNorm,
-    RotaryEmbedding,
     SiluAndMul,
     VocabEmbedding,
-    rope_theta_of,
+    get_rope,
 )
 
 
 def check_supported(config: Any) -> None:
     """Refuse what this model does not implement, rather than run it wrong."""
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if kind not in ("default", None):
-        raise ValueError(f"rope_scaling / rope_parameters rope_type={kind!r} is not supported by "
-                         "core-runner-llama-template: only the default RoPE is implemented")
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"hidden_act={act!r} is not supported by core-runner-llama-template: expected 'silu'")
@@ -48,8 +42,8 @@ class LlamaAttention(nn.Module):
         bias = bool(getattr(config, "attention_bias", False))
         self.qkv_proj = QKVLinear(hidden, self.head_dim, self.num_heads, self.num_kv_heads, bias=bias)
         self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=bias)
-        self.rotary_emb = RotaryEmbedding(self.head_dim, self.head_dim, config.max_position_embeddings,
-                                          rope_theta_of(config))
+        # any rope type transformers knows (Llama 3.x: 'llama3'), from the config
+        self.rotary_emb = get_rope(config, self.head_dim)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
         self.split = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
                       self.num_kv_heads * self.head_dim]

@@ -5,8 +5,8 @@
 
 The shape is DeepSeek-V2-Lite's (15.7B parameters, 2.4B active: 27 layers, hidden 2048,
 16 heads, kv_lora_rank 512, rope 64, no q_lora, 64 routed experts of 1408 + 2 shared,
-top-6 greedy routing, first layer dense). The real checkpoint uses YaRN rope scaling,
-which core-runner-deepseek refuses; the random one uses default RoPE (same cost).
+top-6 greedy routing, first layer dense). The real checkpoint uses YaRN rope scaling; the
+random one keeps default RoPE (same cost: both are one precomputed cos/sin table).
 """
 from __future__ import annotations
 
@@ -58,11 +58,6 @@ def make_random_checkpoint(path: str | Path, config=None, dtype: torch.dtype = t
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, std, generator=g)
-        for name, b in model.named_buffers():
-            if "inv_freq" in name:
-                dim = config.qk_rope_head_dim
-                b.copy_(1.0 / (config.rope_parameters["rope_theta"]
-                               ** (torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)))
     model.save_pretrained(str(path))
     return path
 

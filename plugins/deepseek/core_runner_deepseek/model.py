@@ -6,9 +6,12 @@ kv_a_layernorm) and one shared rope key (qk_rope_head_dim); RoPE touches only th
 halves. The cache keeps [latent | rope key] per token (``MLAAttention``), kv_b_proj is
 absorbed, so decode reads only the latent cache.
 
-RoPE layout follows transformers: DeepSeek-V2 rotates interleaved pairs (x0, x1), (x2,
-x3), ...; DeepSeek-V3 does the same when ``rope_interleave`` (the default) and rotates
-halves otherwise. Only the 'default' rope type is implemented (others are refused).
+RoPE (``get_rope``, any rope type; DeepSeek-V2-Lite/V3 use YaRN) follows transformers:
+DeepSeek-V2 rotates interleaved pairs (x0, x1), (x2, x3), ...; DeepSeek-V3 does the same
+when ``rope_interleave`` (the default) and rotates halves otherwise. (V3's transformers code
+writes the rotated pairs de-interleaved; q_pe and k_pe get the same order either way, so
+their dot products, all attention uses, are equal.) With YaRN and ``mscale_all_dim`` the
+softmax scale carries the magnitude correction (``yarn_softmax_scale``).
 
 MLP: dense for the first ``first_k_dense_replace`` layers, then routed experts
 (``FusedMoE``) plus shared experts. Routing: V2 softmax greedy / group-limited greedy
@@ -23,54 +26,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core_runner.layers import Linear, LMHead, MergedLinear, RMSNorm, SiluAndMul, VocabEmbedding
+from core_runner.layers import (
+    Linear,
+    LMHead,
+    MergedLinear,
+    RMSNorm,
+    SiluAndMul,
+    VocabEmbedding,
+    get_rope,
+    yarn_softmax_scale,
+)
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.linear import default_weight_loader
 from core_runner.layers.mla import MLAAttention
 from core_runner.layers.moe_routing import grouped_topk_v2, grouped_topk_v3
-
-
-def _rope_theta(config: Any) -> float:
-    params = getattr(config, "rope_parameters", None) or {}
-    scaling = getattr(config, "rope_scaling", None)
-    kind = (params.get("rope_type") if isinstance(params, dict) else None) or "default"
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) not in (None, "default"):
-        kind = scaling.get("rope_type", scaling.get("type"))
-    if kind != "default":
-        raise ValueError(
-            f"rope_type={kind!r} is not supported by core-runner-deepseek: only 'default' RoPE is implemented "
-            "(YaRN scaling and its attention mscale are not); use a config without rope scaling"
-        )
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    return float(getattr(config, "rope_theta", None) or 10000.0)
-
-
-class DeepseekRotary(nn.Module):
-    """RoPE on the rope halves only: interleaved pairs or rotate-half."""
-
-    def __init__(self, dim: int, max_position: int, base: float, interleaved: bool) -> None:
-        super().__init__()
-        if dim % 2:
-            raise ValueError(f"qk_rope_head_dim={dim} must be even")
-        self.interleaved = interleaved
-        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
-        self.register_buffer("cos_sin", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
-
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        if self.interleaved:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]
-            return torch.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).flatten(-2).to(x.dtype)
-        x1, x2 = xf.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
-
-    def forward(self, positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """q_pe [T, H, R], k_pe [T, R]."""
-        cos, sin = self.cos_sin[positions.long()].chunk(2, dim=-1)  # [T, R/2]
-        return self._rotate(q_pe, cos[:, None], sin[:, None]), self._rotate(k_pe, cos, sin)
 
 
 class DeepseekMLA(nn.Module):
@@ -93,10 +62,9 @@ class DeepseekMLA(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)
         self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_dim))
         self.o_proj = Linear(self.num_heads * self.v_dim, h, bias=bias)
-        self.rotary_emb = DeepseekRotary(self.rope, config.max_position_embeddings, _rope_theta(config),
-                                         interleaved_rope)
+        self.rotary_emb = get_rope(config, self.rope, rotary_dim=self.rope, is_neox_style=not interleaved_rope)
         self.attn = MLAAttention(self.num_heads, self.kv_lora_rank, self.nope, self.rope, self.v_dim,
-                                 qk_head_dim ** -0.5)
+                                 yarn_softmax_scale(config, qk_head_dim))
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         if self.q_lora_rank is None:

@@ -16,10 +16,9 @@ from core_runner.layers import (
     LMHead,
     QKVLinear,
     RMSNorm,
-    RotaryEmbedding,
     SiluAndMul,
     VocabEmbedding,
-    rope_theta_of,
+    get_rope,
 )
 from core_runner.layers.linear import default_weight_loader
 from core_runner.layers.mamba2 import Mamba2Mixer
@@ -60,9 +59,7 @@ class GraniteAttention(nn.Module):
             raise ValueError(f"position_embedding_type={kind!r} is not supported: expected None or 'rope'")
         self.rotary_emb = None
         if kind == "rope":
-            self.rotary_emb = RotaryEmbedding(
-                self.head_dim, self.head_dim, config.max_position_embeddings, rope_theta_of(config)
-            )
+            self.rotary_emb = get_rope(config, self.head_dim)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, float(config.attention_multiplier))
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim

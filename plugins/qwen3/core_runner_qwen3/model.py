@@ -13,10 +13,9 @@ from core_runner.layers import (
     MergedLinear,
     QKVLinear,
     RMSNorm,
-    RotaryEmbedding,
     SiluAndMul,
     VocabEmbedding,
-    rope_theta_of,
+    get_rope,
 )
 
 
@@ -32,9 +31,7 @@ class Qwen3Attention(nn.Module):
         self.o_proj = Linear(self.num_heads * self.head_dim, h, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(
-            self.head_dim, self.head_dim, config.max_position_embeddings, rope_theta_of(config)
-        )
+        self.rotary_emb = get_rope(config, self.head_dim)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
