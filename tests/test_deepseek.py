@@ -177,14 +177,13 @@ def test_fused_moe_layer_matches_reference_experts(deepseek_ckpts):
         moe.w13.weight_loader(moe.w13.weight, gate, (e, "gate"))
 
 
-def test_unsupported_rope_scaling_is_refused():
+def test_unsupported_rope_type_is_refused():
     import transformers
     from core_runner_deepseek.model import DeepseekV2ForCausalLM
 
     cfg = transformers.DeepseekV2Config(**{**BASE, "topk_method": "greedy"})
-    cfg.rope_parameters = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                           "original_max_position_embeddings": 128}
-    with pytest.raises(ValueError, match="rope_type='yarn' is not supported"):
+    cfg.rope_parameters = {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 4.0}
+    with pytest.raises(ValueError, match="rope_type='proportional' is not supported: expected one of"):
         DeepseekV2ForCausalLM(cfg)
 
 

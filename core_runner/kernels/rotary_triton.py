@@ -6,8 +6,9 @@ token t, q tiles first then k tiles, reads the token's cos/sin row once and writ
 ``x1 * cos - x2 * sin`` where x1 was and ``x2 * cos + x1 * sin`` where x2 was, to new
 contiguous outputs. The pairs (x1, x2) are features (i, i + rotary_dim/2) in the
 rotate-half layout (``IS_NEOX``) and (2i, 2i + 1) in the interleaved one (GPT-J,
-DeepSeek). Features past ``rotary_dim`` (when rotary_dim < head_size) are copied through. Inputs may have strided rows/heads (views of a
-fused qkv output); only the last dim must be contiguous.
+DeepSeek). Features past ``rotary_dim`` (when rotary_dim < head_size) are copied through.
+Inputs may have strided rows/heads (views of a fused qkv output); only the last dim must
+be contiguous.
 
 The math is the reference's: fp32 products, one rounding each, then one cast to the input
 dtype (fp fusion is turned off so no FMA merges a product into the add). The grid comes

@@ -29,5 +29,9 @@ def register_models(registry):
             {"name": "tiny-gqa", "config": dict(TINY)},
             {"name": "tiny-bias-tied", "config": {**TINY, "num_key_value_heads": 4, "attention_bias": True,
                                                   "mlp_bias": True, "tie_word_embeddings": True}},
+            # Llama 3.x scale RoPE by frequency band ('llama3'); get_rope reads any rope type
+            {"name": "tiny-llama3-rope", "config": {**TINY, "rope_scaling": {
+                "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 128}}},
         ],
     )
