@@ -83,6 +83,20 @@ def _max_position_embeddings(config: Any) -> int:
     return int(value)
 
 
+def default_inv_freq(theta: float, rotary_dim: int) -> torch.Tensor:
+    """Plain RoPE's float32 inverse frequencies ``theta ** (-2i / rotary_dim)``, on CPU."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device="cpu").float() / rotary_dim
+    return 1.0 / (float(theta) ** exponents)
+
+
+def cos_sin_of(inv_freq: torch.Tensor, max_position: int, attention_factor: float = 1.0) -> torch.Tensor:
+    """``[max_position, rotary_dim]``: cos | sin of position x inv_freq (one set, or one per
+    position), times the attention factor, float32 on CPU."""
+    positions = torch.arange(max_position, dtype=torch.float32, device="cpu")
+    freqs = positions[:, None] * (inv_freq if inv_freq.dim() == 1 else inv_freq[:max_position])
+    return torch.cat([freqs.cos() * attention_factor, freqs.sin() * attention_factor], dim=-1).contiguous()
+
+
 class _InitConfig:
     """What transformers' rope init functions read from a config, with the rotary width
     as ``head_dim`` (partial rotary already applied) so one code path serves q/k heads,
@@ -105,8 +119,7 @@ def _inv_freq_and_factor(
     cpu = torch.device("cpu")
     kind = params["rope_type"]
     if kind == "default":
-        exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=cpu).float() / rotary_dim
-        return 1.0 / (float(params["rope_theta"]) ** exponents), 1.0
+        return default_inv_freq(params["rope_theta"], rotary_dim), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     init = ROPE_INIT_FUNCTIONS[kind]
@@ -140,9 +153,7 @@ def rope_cos_sin_table(
     if inv_freq.shape[-1] != rotary_dim // 2:
         raise ValueError(f"rope_type={params['rope_type']!r} gave {inv_freq.shape[-1]} frequencies for "
                          f"rotary_dim={rotary_dim} (expected {rotary_dim // 2}): check its factor lists")
-    positions = torch.arange(max_position, dtype=torch.float32)
-    freqs = positions[:, None] * (inv_freq if inv_freq.dim() == 1 else inv_freq[:max_position])
-    return torch.cat([freqs.cos() * factor, freqs.sin() * factor], dim=-1).contiguous()
+    return cos_sin_of(inv_freq, max_position, factor)
 
 
 def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from core_runner.forward_context import use_triton_kernels
-from core_runner.layers.rope_config import rope_cos_sin_table, rope_parameters_of
+from core_runner.layers.rope_config import cos_sin_of, default_inv_freq, rope_cos_sin_table, rope_parameters_of
 
 # one table per (settings, width, length, device), alive while some layer holds it
 _TABLES: weakref.WeakValueDictionary[str, torch.Tensor] = weakref.WeakValueDictionary()
@@ -42,9 +42,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"rotary_dim={rotary_dim} must be even and in (0, head_size={head_size}]")
         self.head_size, self.rotary_dim, self.is_neox_style = head_size, rotary_dim, bool(is_neox_style)
         if cos_sin is None:
-            half = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
-            freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), 1.0 / (float(base) ** half))
-            cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+            cos_sin = cos_sin_of(default_inv_freq(base, rotary_dim), max_position).to(torch.empty(0).device)
         elif cos_sin.dim() != 2 or cos_sin.shape != (max_position, rotary_dim) or cos_sin.dtype != torch.float32:
             raise ValueError(f"cos_sin {tuple(cos_sin.shape)} {cos_sin.dtype} must be float32 "
                              f"[max_position={max_position}, rotary_dim={rotary_dim}]")

@@ -107,15 +107,15 @@ def test_layer_dispatch_shared_key_interleaved(device, monkeypatch):
 @pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("hd,rot", [(128, 128), (128, 64)])
-def test_half_precision_gpu(dtype, hd, rot):
-    rope = RotaryEmbedding(hd, rot, 4096, 1e6).cuda()
+@pytest.mark.parametrize("hd,rot,neox", [(128, 128, True), (128, 64, True), (192, 64, False)])
+def test_half_precision_gpu(dtype, hd, rot, neox):
+    rope = RotaryEmbedding(hd, rot, 4096, 1e6, is_neox_style=neox).cuda()
     g = torch.Generator().manual_seed(9)
     positions = torch.randint(0, 4096, (256,), generator=g).cuda()
     qkv = torch.randn(256, 24 * hd, generator=g).cuda().to(dtype)
     q, k, _ = qkv.split([16 * hd, 4 * hd, 4 * hd], dim=-1)
     q, k = q.reshape(256, 16, hd), k.reshape(256, 4, hd)
-    q_out, k_out = rotary_triton(positions, q, k, rope.cos_sin, rot)
+    q_out, k_out = rotary_triton(positions, q, k, rope.cos_sin, rot, is_neox_style=neox)
     q_ref, k_ref = _ref(rope, positions, q, k)
     for out, ref in ((q_out, q_ref), (k_out, k_ref)):
         assert out.dtype == dtype
