@@ -282,3 +282,21 @@ def test_prepare_passes_unquantized_tensors_and_refuses_mismatches():
         q.prepare("a.weight", w8.float(), store.get, torch.float32)
     with pytest.raises(ValueError, match=r"'b\.weight' is float8_e4m3fn but its scale 'b\.weight_scale_inv'"):
         q.prepare("b.weight", w8, store.get, torch.float32)
+
+
+def test_family_without_the_capability_refuses_an_fp8_checkpoint(untied, tmp_path):
+    """Qwen3 declares no quantization:fp8: its checkpoint with a quantization_config is refused
+    before loading (its Linear layers would otherwise read the raw tensors)."""
+    from core_runner.oracle import UnsupportedError
+
+    bad = _variant(untied, tmp_path, edit_config=lambda c: c.update(quantization_config=QUANT))
+    with pytest.raises(UnsupportedError, match=r"quant_method='fp8'.*Qwen3ForCausalLM declares quantization:fp8 "
+                                               r"unsupported"):
+        make_engine(bad)
+
+
+def test_deepseek_declares_fp8():
+    from core_runner.plugins import load_plugins
+
+    reg = load_plugins().registry.get("DeepseekV3ForCausalLM")
+    assert reg.capability("quantization:fp8").supported
