@@ -17,6 +17,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from core_runner.quantization import Quantization, TensorLookup, quantization_from_config
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -70,7 +72,7 @@ def eos_token_ids(path: str | Path, hf_config: Any) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
 
 
-def load_weights(model: nn.Module, path: str | Path) -> None:
+def load_weights(model: nn.Module, path: str | Path, quantization: Quantization | None = None) -> None:
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {str(path)!r}")
@@ -79,9 +81,12 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
     ignored = [re.compile(p) for p in getattr(model, "ignored_weight_patterns", ())]
     rename = getattr(model, "map_weight_name", None)
     loaded: set[str] = set()
+    lookup = TensorLookup(files)  # [quantization hook] scales may sit in another shard
     for file in files:
         with safe_open(str(file), framework="pt") as f:
             for name in f.keys():
+                if quantization is not None and quantization.is_auxiliary(name):  # [quantization hook]
+                    continue  # scales are read with their weight by quantization.prepare
                 target = rename(name) if rename else name
                 if target is None or any(p.search(target) for p in ignored):
                     continue
@@ -99,6 +104,8 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
                     )
                 loader = getattr(param, "weight_loader", None)
                 tensor = f.get_tensor(name)
+                if quantization is not None:  # [quantization hook] fp8 weight -> param dtype
+                    tensor = quantization.prepare(name, tensor, lookup, param.dtype)
                 if loader is None:
                     if param.shape != tensor.shape:
                         raise ValueError(f"{name!r}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
@@ -116,6 +123,7 @@ def load_weights(model: nn.Module, path: str | Path) -> None:
 
 
 def build_model(model_cls: type, hf_config: Any, dtype: torch.dtype, device: str, path: str | Path) -> nn.Module:
+    quantization = quantization_from_config(hf_config)  # [quantization hook] refuse before allocating
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -123,7 +131,7 @@ def build_model(model_cls: type, hf_config: Any, dtype: torch.dtype, device: str
             model = model_cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
-    load_weights(model, path)
+    load_weights(model, path, quantization)
     return model.eval()
 
 

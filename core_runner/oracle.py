@@ -20,6 +20,7 @@ from typing import Any
 
 from core_runner.attention.registry import backend_class, backend_names, backends_with
 from core_runner.config import EngineConfig
+from core_runner.quantization import quantization_from_config
 from core_runner.registry import Registration
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,21 @@ class ExecutionPlan:
     async_scheduling: bool
     chunked_prefill: bool
     downgrades: tuple[str, ...] = field(default=())
+
+
+def check_quantization(hf_config: Any, reg: Registration) -> None:
+    """Refuse a quantized checkpoint whose family does not declare ``quantization:<method>``
+    (its layers may not load the format's tensors). Unknown formats are refused by the parser."""
+    quant = quantization_from_config(hf_config)
+    if quant is None:
+        return
+    cap = reg.capability(f"quantization:{quant.method}")
+    if not cap.supported:
+        raise UnsupportedError(
+            f"the checkpoint is quantized (quant_method={quant.method!r}) but {reg.architecture} declares "
+            f"quantization:{quant.method} {cap.state}{': ' + cap.reason if cap.reason else ''}; use an "
+            "unquantized checkpoint"
+        )
 
 
 def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:

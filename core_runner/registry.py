@@ -19,6 +19,8 @@ else:  # pragma: no cover
 
 CAPABILITIES = (
     "chunked_prefill", "cuda_graphs", "async_scheduling", "prefix_caching", "triton_attention",
+    # loads checkpoints with quantization_config.quant_method "fp8" (core_runner.quantization)
+    "quantization:fp8",
 )
 STATES = ("supported", "unsupported", "xfail")
 

@@ -187,5 +187,30 @@ def unsupported_capability_refused(ctx: Ctx) -> None:
         if not any(d.startswith("prefix caching off") for d in e.plan.downgrades):
             fail(f"{what}: enable_prefix_caching=True (not strict) is neither refused nor a named downgrade")
         ctx.note("enable_prefix_caching=True is refused in strict mode, a named downgrade otherwise")
+    elif cap.startswith("quantization:"):
+        _quantized_checkpoint_refused(ctx, cap.split(":", 1)[1], what)
     else:
         fail(f"the suite has no refusal probe for capability {cap!r}")
+
+
+def _quantized_checkpoint_refused(ctx: Ctx, method: str, what: str) -> None:
+    """The example checkpoint with a quantization_config added must be refused at
+    construction (its tensors are the unquantized ones: loading them would be silent)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from core_runner import LLM
+
+    src = Path(ctx.ref.path)
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in src.iterdir():
+            if f.name != "config.json":
+                (Path(tmp) / f.name).symlink_to(f.resolve())
+        cfg = json.loads((src / "config.json").read_text())
+        cfg["quantization_config"] = {"quant_method": method, "fmt": "e4m3", "activation_scheme": "dynamic",
+                                      "weight_block_size": [128, 128]}
+        (Path(tmp) / "config.json").write_text(json.dumps(cfg))
+        expect_raises(lambda: LLM(tmp, plugins=ctx.pm, dtype="float32", device="cpu",
+                                  max_model_len=ctx.max_model_len(64)), UnsupportedError,
+                      f"{what}: a checkpoint with quant_method {method!r}", match=f"quantization:{method}")

@@ -27,7 +27,7 @@ from core_runner.loader import (
     load_tokenizer,
     resolve_dtype,
 )
-from core_runner.oracle import check_model_fits, plan_execution
+from core_runner.oracle import check_model_fits, check_quantization, plan_execution
 from core_runner.plugins import PluginManager, load_plugins
 from core_runner.pooling_params import PoolingParams
 from core_runner.runner.model_runner import ModelRunner
@@ -64,6 +64,7 @@ class LLMEngine:
         self.architecture = architecture_of(self.hf_config)
         self.registration = self.plugins.registry.get(self.architecture)
         self.plan = plan_execution(config, self.registration)
+        check_quantization(self.hf_config, self.registration)  # before any weight is read
         max_pos = getattr(self.hf_config, "max_position_embeddings", None)
         if max_pos is not None and config.max_model_len > max_pos:
             raise ValueError(

@@ -10,6 +10,8 @@ CAPABILITIES = {
     # the engine has no prefix caching yet; the latent cache would need block hashing too
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
+    # DeepSeek-V3's own block-fp8 checkpoints: weights dequantized at load
+    "quantization:fp8": "supported",
 }
 
 TINY = dict(

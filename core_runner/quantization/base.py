@@ -1,0 +1,97 @@
+"""The interface between the loader and a quantization format, and the config parser."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# quant_method -> what it needs; the message for an unknown method lists these
+SUPPORTED = {
+    "fp8": "block-scaled float8_e4m3fn weights with float32 '<weight>_scale_inv' tensors (DeepSeek-V3 format: "
+           "fmt 'e4m3', activation_scheme 'dynamic', weight_block_size [b0, b1])",
+}
+
+Lookup = Callable[[str], "torch.Tensor | None"]
+
+
+class Quantization(ABC):
+    """What the loader needs from a checkpoint quantization format.
+
+    The loader skips tensors for which ``is_auxiliary`` holds, and passes every other
+    tensor through ``prepare`` with a ``lookup(name) -> Tensor | None`` that reads any
+    checkpoint tensor by name, whichever shard file holds it.
+    """
+
+    method: str
+
+    @abstractmethod
+    def is_auxiliary(self, name: str) -> bool:
+        """True for tensors consumed together with a weight (scales)."""
+
+    @abstractmethod
+    def scale_name(self, weight_name: str) -> str:
+        """The checkpoint name of ``weight_name``'s scale tensor (present or not)."""
+
+    @abstractmethod
+    def prepare(self, name: str, tensor: torch.Tensor, lookup: Lookup, dtype: torch.dtype) -> torch.Tensor:
+        """The tensor the parameter's weight_loader should see: a quantized weight
+        dequantized into ``dtype``; an unquantized tensor unchanged."""
+
+
+class TensorLookup:
+    """Reads a checkpoint tensor by name from whichever safetensors file holds it.
+
+    The name -> file index is built on first use from the files' headers (no tensor
+    data is read) and each file is opened once; loaders with a
+    ``model.safetensors.index.json`` may pass their own callable instead.
+    """
+
+    def __init__(self, files: Iterable[str | Path]) -> None:
+        self.files = [str(f) for f in files]
+        self._index: dict[str, str] | None = None
+        self._handles: dict[str, Any] = {}
+
+    def _open(self, file: str) -> Any:
+        from safetensors import safe_open
+
+        if file not in self._handles:
+            self._handles[file] = safe_open(file, framework="pt")
+        return self._handles[file]
+
+    def __call__(self, name: str) -> torch.Tensor | None:
+        if self._index is None:
+            self._index = {n: file for file in self.files for n in self._open(file).keys()}
+        file = self._index.get(name)
+        return None if file is None else self._open(file).get_tensor(name)
+
+
+def _as_dict(qc: Any) -> dict:
+    if isinstance(qc, dict):
+        return qc
+    if hasattr(qc, "to_dict"):
+        return qc.to_dict()
+    raise ValueError(f"quantization_config={qc!r} is not a mapping: expected the config.json object")
+
+
+def quantization_from_config(hf_config: Any) -> Quantization | None:
+    """The checkpoint's quantization, or None when config.json has no quantization_config.
+
+    Raises ValueError for a method or an fp8 variant that core-runner cannot load.
+    """
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is None:
+        return None
+    qc = _as_dict(qc)
+    method = qc.get("quant_method")
+    if method == "fp8":
+        from core_runner.quantization.fp8 import Fp8BlockQuantization
+
+        return Fp8BlockQuantization.from_config(qc)
+    supported = "; ".join(f"{k!r}: {v}" for k, v in SUPPORTED.items())
+    raise ValueError(
+        f"quantization_config.quant_method={method!r} is not supported by core-runner; supported: {supported}. "
+        "Use an unquantized (bf16/fp16/fp32) checkpoint or one in a supported format"
+    )
