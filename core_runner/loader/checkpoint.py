@@ -23,11 +23,12 @@ _PICKLES = ("*.bin", "*.pt", "*.pth", "*.ckpt")
 def conversion_hint(path: Path) -> str:
     out = f"{path}-safetensors"
     return (
-        "convert it once, on a machine where you trust the files (loading a pickle runs code from it):\n"
+        "convert it once, on a machine where you trust the files (loading a pickle runs code from it), with "
+        "transformers, whose save_pretrained writes safetensors (safe_serialization=True, the default):\n"
         "    python -c \"from transformers import AutoModelForCausalLM, AutoTokenizer; "
-        f"AutoModelForCausalLM.from_pretrained('{path}').save_pretrained('{out}', safe_serialization=True); "
+        f"AutoModelForCausalLM.from_pretrained('{path}').save_pretrained('{out}'); "
         f"AutoTokenizer.from_pretrained('{path}').save_pretrained('{out}')\"\n"
-        f"and load {out}"
+        f"then load {out}"
     )
 
 
