@@ -54,6 +54,16 @@ def test_model_id_loads_from_the_cache(hub, checkpoints):
     assert torch.equal(llm.engine.model.model.norm.weight, want)
 
 
+def test_hf_home_locates_the_cache(untied, tmp_path, monkeypatch):
+    fake_hub_repo(tmp_path / "home" / "hub", "org/tiny", {"main": (SHA_A, Path(untied.path))})
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("org/tiny") == tmp_path / "home" / "hub" / "models--org--tiny" / "snapshots" / SHA_A
+    assert resolve_model("org/tiny", SHA_A).name == SHA_A
+
+
 @pytest.mark.parametrize("revision", ["v2", SHA_B])
 def test_model_id_at_a_revision(hub, revision):
     llm = LLM("org/tiny", revision=revision, **OPTS)
@@ -93,6 +103,9 @@ def test_missing_path_is_not_looked_up_on_the_hub(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match=r"no such directory, so no config.json there"):
         resolve_model(str(tmp_path / "nope" / "ckpt"))
     assert resolve_model(str(tmp_path)) == tmp_path
+    (tmp_path / "file").write_text("")
+    with pytest.raises(FileNotFoundError, match=r"tokenizer='.*file': not a directory \(expected"):
+        resolve_model(str(tmp_path / "file"), what="tokenizer")
 
 
 # ---- config.json ------------------------------------------------------------------

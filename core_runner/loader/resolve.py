@@ -52,9 +52,11 @@ def resolve_model(name: str, revision: str | None = None, *, what: str = "model"
             )
         return local
     if _looks_like_path(name) or local.exists():
+        state = "not a directory" if local.exists() else "no such directory"
+        found = ", so no config.json there" if what == "model" else ""
         raise FileNotFoundError(
-            f"{what}={name!r}: no such directory, so no config.json there (expected a Hugging Face checkpoint "
-            "directory or a model id such as 'Qwen/Qwen3-0.6B')"
+            f"{what}={name!r}: {state}{found} (expected a Hugging Face checkpoint directory or a model id such as "
+            "'Qwen/Qwen3-0.6B')"
         )
     return _from_hub(name, revision, what)
 
@@ -103,7 +105,6 @@ def _from_hub(repo_id: str, revision: str | None, what: str) -> Path:
             "log in with `hf auth login`)"
         ) from e
     return Path(path)
-
 
 
 def resolve_tokenizer(config: Any, model_path: Path) -> Path:
