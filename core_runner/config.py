@@ -31,6 +31,11 @@ class EngineConfig:
     ``enable_prefix_caching=True`` asks for a prefix cache: the oracle turns it off (with a
     named reason) for a family that declares prefix_caching unsupported, and rejects it
     otherwise, since the engine does not implement one yet.
+    ``model`` (and ``tokenizer``) is a local checkpoint directory or a Hugging Face model id,
+    fetched into the hub cache (only the cache with ``HF_HUB_OFFLINE=1``); ``revision`` (a
+    branch, tag or commit) picks the id's version, ``tokenizer_revision`` the tokenizer's
+    (default: ``revision`` when the tokenizer comes from the model). Both are errors for a
+    local directory.
     """
 
     model: str
@@ -51,6 +56,8 @@ class EngineConfig:
     attention_backend: str | None = None
     kernels: str | None = None
     enable_prefix_caching: bool = False
+    revision: str | None = None
+    tokenizer_revision: str | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -84,6 +91,10 @@ class EngineConfig:
             raise bad("kernels", self.kernels, "expected None (auto), 'torch' or 'triton'")
         if not isinstance(self.enable_prefix_caching, bool):
             raise bad("enable_prefix_caching", self.enable_prefix_caching, "expected True or False")
+        for name in ("revision", "tokenizer_revision"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise bad(name, v, "expected None (the default branch) or a branch, tag or commit name")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
 

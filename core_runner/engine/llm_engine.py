@@ -26,6 +26,8 @@ from core_runner.loader import (
     load_hf_config,
     load_tokenizer,
     resolve_dtype,
+    resolve_model,
+    resolve_tokenizer,
 )
 from core_runner.oracle import check_model_fits, check_quantization, plan_execution
 from core_runner.plugins import PluginManager, load_plugins
@@ -60,7 +62,8 @@ class LLMEngine:
     ) -> None:
         self.config = config
         self.plugins = plugins or load_plugins()
-        self.hf_config = load_hf_config(config.model)
+        self.model_path = resolve_model(config.model, config.revision)
+        self.hf_config = load_hf_config(self.model_path, served=self.plugins.registry.find)
         self.architecture = architecture_of(self.hf_config)
         self.registration = self.plugins.registry.get(self.architecture)
         self.plan = plan_execution(config, self.registration)
@@ -72,7 +75,7 @@ class LLMEngine:
             )
         self.dtype = resolve_dtype(config.dtype, self.hf_config, config.device)
         model_cls = self.registration.load_model_class()
-        self.model = build_model(model_cls, self.hf_config, self.dtype, config.device, config.model)
+        self.model = build_model(model_cls, self.hf_config, self.dtype, config.device, self.model_path)
         state_cls = self.registration.load_model_state_class()
         self.model_state = state_cls(config, self.model, torch.device(config.device))
         backend = get_backend(self.plan.attention_backend)
@@ -97,12 +100,12 @@ class LLMEngine:
             chunked_prefill=self.plan.chunked_prefill,
         )
         self.core = EngineCore(scheduler, self.runner, self.plan.async_scheduling)
-        self.tokenizer = load_tokenizer(config.tokenizer or config.model)
+        self.tokenizer = load_tokenizer(resolve_tokenizer(config, self.model_path))
         self.tasks = tuple(state_cls.supported_tasks)
         self.input_processor = InputProcessor(
             config, architecture=self.architecture, tasks=self.tasks, tokenizer=self.tokenizer,
             vocab_size=int(getattr(self.hf_config, "vocab_size", 0)) or None,
-            eos_token_ids=eos_token_ids(config.model, self.hf_config), max_positions=max_pos,
+            eos_token_ids=eos_token_ids(self.model_path, self.hf_config), max_positions=max_pos,
             chunked_prefill=self.plan.chunked_prefill,
             resolve_pooling=getattr(self.model_state, "resolve_pooling_params", None),
         )

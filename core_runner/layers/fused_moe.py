@@ -59,6 +59,8 @@ class _StackedExpertWeight(nn.Module):
         self.shard_rows = rows // len(shards)
         self.weight = nn.Parameter(torch.empty(num_experts, rows, cols), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        # the loader requires every (expert, part) slice (or the whole stacked tensor)
+        self.weight.shard_ids = tuple((e, s) for e in range(num_experts) for s in shards)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
         if shard_id is None:  # an already stacked tensor

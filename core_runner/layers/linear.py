@@ -3,6 +3,8 @@
 Fused layers (q/k/v in one matrix, gate/up in one matrix) load each checkpoint tensor
 into its slice through ``weight_loader(param, tensor, shard_id)``; the loader finds
 which shard a checkpoint name belongs to through the model's ``packed_modules_mapping``.
+A fused parameter lists its shard ids in ``param.shard_ids``: the loader requires every
+one of them (or the whole tensor) to be loaded.
 """
 from __future__ import annotations
 
@@ -45,6 +47,12 @@ class MergedLinear(Linear):
         super().__init__(in_features, sum(output_sizes), bias)
         self.offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
         self.output_sizes = list(output_sizes)
+        for p in (self.weight, self.bias):
+            if p is not None:
+                p.shard_ids = self.part_ids()
+
+    def part_ids(self) -> tuple:
+        return tuple(range(len(self.output_sizes)))
 
     def shard_index(self, shard_id: object) -> int:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
@@ -68,6 +76,9 @@ class QKVLinear(MergedLinear):
 
     def __init__(self, hidden: int, head_size: int, num_heads: int, num_kv_heads: int, bias: bool = False) -> None:
         super().__init__(hidden, [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size], bias)
+
+    def part_ids(self) -> tuple:
+        return ("q", "k", "v")
 
     def shard_index(self, shard_id: object) -> int:
         names = {"q": 0, "k": 1, "v": 2}
