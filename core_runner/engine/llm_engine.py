@@ -69,7 +69,7 @@ class LLMEngine:
         memory_probe: MemoryProbe | None = None,
     ) -> None:
         self.config = config
-        self.plugins = plugins or load_plugins()
+        self.plugins = plugins or load_plugins(strict=config.strict)
         self.hf_config = load_hf_config(config.model)
         self.generation_defaults = load_generation_defaults(config.model, self.hf_config, config.generation_config)
         self.architecture = architecture_of(self.hf_config)
