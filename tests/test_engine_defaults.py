@@ -15,7 +15,8 @@ from core_runner.config import EngineConfig, choose_batch_limits
 from core_runner.engine.defaults import kv_cache_budget, load_generation_defaults, resolve_dtype
 
 GIB = 1 << 30
-SMALL = {"dtype": "float32", "max_model_len": 64, "max_num_seqs": 4, "block_size": 4, "num_kv_blocks": 64}
+SMALL = {"dtype": "float32", "device": "cpu", "max_model_len": 64, "max_num_seqs": 4, "block_size": 4,
+         "num_kv_blocks": 64}
 
 
 # ---- device and dtype -----------------------------------------------------------------

@@ -10,7 +10,8 @@ import pytest
 from core_runner import LLM
 from core_runner.plugins import PluginError, load_plugins
 
-SMALL = {"dtype": "float32", "max_model_len": 32, "max_num_seqs": 2, "block_size": 4, "num_kv_blocks": 16}
+SMALL = {"dtype": "float32", "device": "cpu", "max_model_len": 32, "max_num_seqs": 2, "block_size": 4,
+         "num_kv_blocks": 16}
 
 HALF_REGISTERS = """
 from core_runner.sdk import hookimpl

@@ -162,7 +162,9 @@ class LLMEngine:
 
     def _profile_activation_bytes(self) -> int:
         """The allocation peak of one dummy step of max_num_batched_tokens (CUDA only: the
-        host has no peak counter), run over a pool of one request's blocks that is freed after."""
+        host has no peak counter), run over a pool of one request's blocks. The layers hold
+        that pool until the real one is bound, so the free memory read next counts it as in
+        use: the budget errs low by one request's blocks."""
         device = self.runner.device
         if device.type != "cuda":
             return 0
