@@ -1,37 +1,79 @@
-"""``core-runner`` command line: generate | plugins (more subcommands arrive with their issues)."""
+"""``core-runner`` command line: generate | embed | bench | plugins | conformance.
+
+Engine options left out take the same defaults as ``LLM()`` (from the model and the device)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
 from typing import Sequence
 
+# engine flags whose default (None) means "as LLM() chooses"; forwarded only when given
+_ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                 "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config")
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default; engine flags say in their help what their None default means."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "(default" in text or action.default is argparse.SUPPRESS:
+            return text
+        if not action.option_strings:
+            return text
+        if action.default is None:
+            return text + " (default: none)"
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("core-runner")
+    except PackageNotFoundError:
+        from core_runner import __version__
+
+        return __version__
+
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the built-in demo)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"])
-    p.add_argument("--max-model-len", type=int, default=1024)
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-kv-blocks", type=int, default=None)
-    p.add_argument("--strict", action="store_true", help="turn every plan downgrade into an error")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (default: auto, cuda when present)")
+    p.add_argument("--dtype", default=None, choices=["auto", "float32", "float16", "bfloat16"],
+                   help="(default: auto, the checkpoint's dtype on a GPU, float32 on the CPU)")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="(default: min(2048, the model's max_position_embeddings))")
+    p.add_argument("--max-num-seqs", type=int, default=None,
+                   help="requests per step (default: from the device: 1024 on a >= 70 GiB GPU, 256 on a "
+                        "smaller one, 64 on the CPU)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="tokens per step (default: from the device: 8192 / 2048 / 2048, at least max-model-len)")
+    p.add_argument("--block-size", type=int, default=None, help="KV page size in tokens (default: 16)")
+    p.add_argument("--num-kv-blocks", type=int, default=None, help="(default: sized from memory)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="fraction of the GPU's memory for weights + activations + KV (default: 0.9 on CUDA)")
+    p.add_argument("--kv-cache-memory-fraction", type=float, default=None,
+                   help="fraction of the host's free memory for the KV pool (default: 0.5 on the CPU)")
+    p.add_argument("--generation-config", default=None, choices=["auto", "vllm"],
+                   help="auto: sampling defaults from the checkpoint's generation_config.json; vllm: ignore "
+                        "them (default: auto)")
+    p.add_argument("--strict", action="store_true", help="turn every plan downgrade and plugin fault into an error")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the chosen defaults)")
 
 
 def _engine_options(a: argparse.Namespace) -> dict:
-    opts = dict(device=a.device, dtype=a.dtype, max_model_len=a.max_model_len, max_num_seqs=a.max_num_seqs,
-                max_num_batched_tokens=a.max_num_batched_tokens, block_size=a.block_size,
-                num_kv_blocks=a.num_kv_blocks)
+    opts = {name: getattr(a, name) for name in _ENGINE_FLAGS if getattr(a, name, None) is not None}
     if a.strict:
         opts["strict"] = True
     return opts
 
 
 def cmd_generate(a: argparse.Namespace) -> int:
-    from core_runner import LLM, SamplingParams
+    from core_runner import LLM
 
     model = a.model
     if model is None:
@@ -40,8 +82,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
         model = demo_checkpoint()
         print(f"# no --model given: using the built-in demo checkpoint {model} (random weights)", file=sys.stderr)
     llm = LLM(model, **_engine_options(a))
-    params = SamplingParams(max_tokens=a.max_tokens, temperature=a.temperature, top_k=a.top_k,
-                            top_p=a.top_p, seed=a.seed, ignore_eos=a.ignore_eos)
+    given = {k: getattr(a, k) for k in ("max_tokens", "temperature", "top_k", "top_p", "seed")
+             if getattr(a, k) is not None}
+    # the model's defaults with the given flags on top; replace() validates the result
+    params = dataclasses.replace(llm.get_default_sampling_params(), ignore_eos=a.ignore_eos, **given)
     prompts = a.prompts or ["The weather today is"]
     outs = llm.generate(prompts, params)
     for prompt, out in zip(prompts, outs):
@@ -58,10 +102,7 @@ def cmd_embed(a: argparse.Namespace) -> int:
 
     from core_runner import LLM, PoolingParams
 
-    opts = _engine_options(a)
-    if a.max_model_len is None:  # LLM picks min(its default, the model's positions)
-        del opts["max_model_len"]
-    llm = LLM(a.model, **opts)
+    llm = LLM(a.model, **_engine_options(a))
     params = PoolingParams(pooling_type=a.pooling_type, normalize=not a.no_normalize,
                            truncate_prompt_tokens=a.truncate)
     outs = llm.embed(a.prompts, params)
@@ -97,17 +138,20 @@ def cmd_plugins(a: argparse.Namespace) -> int:
             caps = {k: (c.state if not c.reason else f"{c.state}: {c.reason}") for k, c in reg.capabilities.items()}
             rows.append({"plugin": name, "version": info["version"], "architecture": reg.architecture,
                          "tasks": list(reg.tasks), "reference": reg.reference, "capabilities": caps})
+    failed = [{"plugin": name, "error": err} for name, err in sorted(pm.failures.items())]
     if a.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    if not rows:
+        print(json.dumps(rows + [dict(f, architecture=None, failed=True) for f in failed], indent=2))
+        return 1 if failed else 0
+    if not rows and not failed:
         print("no core-runner plugins installed (entry-point group 'core_runner')")
     for r in rows:
         print(f"{r['plugin']} {r['version']}: {r['architecture']} tasks={','.join(r['tasks'])} "
               f"reference={r['reference']}")
         for k, v in sorted(r["capabilities"].items()):
             print(f"    {k:<18} {v}")
-    return 0
+    for f in failed:
+        print(f"{f['plugin']}: FAILED TO LOAD: {f['error']}")
+    return 1 if failed else 0
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
@@ -141,22 +185,27 @@ def cmd_conformance(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="core-runner", description=__doc__)
+    parser = argparse.ArgumentParser(prog="core-runner", description=__doc__, formatter_class=_Formatter)
+    parser.add_argument("--version", action="version", version=f"core-runner {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    g = sub.add_parser("generate", help="generate text for prompts")
+
+    def add(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, formatter_class=_Formatter, **kw)
+
+    g = add("generate", help="generate text for prompts")
     _add_engine_args(g)
     g.add_argument("prompts", nargs="*", help="prompts (default: one demo prompt)")
-    g.add_argument("--max-tokens", type=int, default=32)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--top-k", type=int, default=-1)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--ignore-eos", action="store_true")
+    model_default = "(default: the checkpoint's generation_config.json, else vLLM's {})"
+    g.add_argument("--max-tokens", type=int, default=None, help=model_default.format(16))
+    g.add_argument("--temperature", type=float, default=None, help=model_default.format("1.0; 0 is greedy"))
+    g.add_argument("--top-k", type=int, default=None, help=model_default.format("-1, off"))
+    g.add_argument("--top-p", type=float, default=None, help=model_default.format("1.0, off"))
+    g.add_argument("--seed", type=int, default=None, help="(default: drawn from the engine seed)")
+    g.add_argument("--ignore-eos", action="store_true", help="generate past EOS")
     g.add_argument("--json", action="store_true", help="one JSON object per prompt")
     g.set_defaults(func=cmd_generate)
-    e = sub.add_parser("embed", help="embed texts with an embedding model (vectors or a similarity matrix)")
+    e = add("embed", help="embed texts with an embedding model (vectors or a similarity matrix)")
     _add_engine_args(e)
-    e.set_defaults(max_model_len=None)
     e.add_argument("prompts", nargs="+", help="texts to embed")
     e.add_argument("--pooling-type", default=None, choices=["mean", "cls", "last"],
                    help="default: the checkpoint's sentence-transformers pooling, else the model's")
@@ -166,17 +215,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--show", type=int, default=8, help="vector entries to print (default 8)")
     e.add_argument("--json", action="store_true", help="one JSON object per prompt (or one for --similarity)")
     e.set_defaults(func=cmd_embed)
-    b = sub.add_parser("bench", help="run workloads W1/W2 (DESIGN.md section 8)")
+    b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8)")
     b.add_argument("--model", default=None, help="checkpoint (default: random Qwen3-0.6B-shaped bf16)")
     b.add_argument("--workload", nargs="+", default=["W1", "W2"], choices=["W1", "W2"])
     b.add_argument("--num-requests", type=int, default=None, help="a prefix of the workload (smoke runs)")
     b.add_argument("--device", default="cuda")
     b.add_argument("--dtype", default="bfloat16")
-    b.add_argument("--max-model-len", type=int, default=2048)
-    b.add_argument("--max-num-seqs", type=int, default=1024)
-    b.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    b.add_argument("--block-size", type=int, default=16)
-    b.add_argument("--kv-fraction", type=float, default=0.8)
+    b.add_argument("--max-model-len", type=int, default=None, help="(default: as LLM() chooses)")
+    b.add_argument("--max-num-seqs", type=int, default=None, help="(default: the engine's, or --best-settings)")
+    b.add_argument("--max-num-batched-tokens", type=int, default=None,
+                   help="(default: the engine's, or --best-settings)")
+    b.add_argument("--block-size", type=int, default=None, help="(default: the engine's, 16)")
+    b.add_argument("--gpu-memory-utilization", type=float, default=None,
+                   help="(default: the engine's, 0.9, or --best-settings)")
+    b.add_argument("--best-settings", action="store_true",
+                   help="the settings measured best on an H200 (core_runner/bench/run.py BEST_SETTINGS) instead of "
+                        "the engine's defaults; explicit flags still win")
     b.add_argument("--enforce-eager", action="store_true")
     b.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps for GPU idle time")
     b.add_argument("--peer", nargs="*", default=None, choices=["W1", "W2"],
@@ -192,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--embed-batch-size", type=int, default=256)
     b.add_argument("-v", "--verbose", action="store_true")
     b.set_defaults(func=cmd_bench)
-    c = sub.add_parser("conformance", help="run the shared conformance suite against a plugin (docs/conformance.md)")
+    c = add("conformance", help="run the shared conformance suite against a plugin (docs/conformance.md)")
     c.add_argument("plugin", help="the plugin's entry-point name (see `core-runner plugins`)")
     c.add_argument("--json", default=None, help="write the report (checks, versions, capabilities) here")
     c.add_argument("--tier", default="auto", choices=["auto", "cpu", "gpu"],
@@ -203,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--machine-examples", type=int, default=12, help="Hypothesis examples for CR-STATE-06")
     c.add_argument("-v", "--verbose", action="store_true")
     c.set_defaults(func=cmd_conformance)
-    p = sub.add_parser("plugins", help="list installed plugins, architectures and capabilities")
+    p = add("plugins", help="list installed plugins, architectures and capabilities, and plugins that failed "
+                           "to load (exit status 1 if any did)")
     p.add_argument("--json", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=cmd_plugins)

@@ -1,26 +1,104 @@
 """EngineConfig: every engine option in one frozen dataclass, validated once."""
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
 _KERNELS = (None, "torch", "triton")
+_GENERATION_CONFIGS = ("auto", "vllm")
+_GIB = 1 << 30
+# A GPU this large holds the batch the bench found best on an H200 (1,024 / 8,192 gave
+# W1 79,420 tok/s, W2 23,306); smaller ones get vLLM's defaults for its smaller GPUs.
+LARGE_GPU_BYTES = 70 * _GIB
+GPU_MEMORY_UTILIZATION = 0.9
+KV_CACHE_MEMORY_FRACTION = 0.5
+
+logger = logging.getLogger(__name__)
 
 
 def strict_from_env() -> bool:
     return os.environ.get("CORE_RUNNER_STRICT", "0").lower() in ("1", "true", "yes")
 
 
+def resolve_device(device: str) -> str:
+    """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"`` (with a logged note);
+    any other value is returned unchanged."""
+    if device != "auto":
+        return device
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    logger.warning("device='auto': no CUDA device visible, running on the CPU")
+    return "cpu"
+
+
+def device_total_memory(device: str) -> int | None:
+    """Total bytes of a CUDA device, None for the CPU or when no GPU is visible (a config
+    may name "cuda" on a machine without one: plans are computed there, engines are not)."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+
+
+def choose_batch_limits(
+    device: str, total_memory: int | None, max_model_len: int,
+    max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+) -> tuple[int, int]:
+    """The (max_num_seqs, max_num_batched_tokens) an engine uses when the user left them None.
+
+    CUDA with >= 70 GiB: 1,024 / 8,192; smaller or unknown GPUs: 256 / 2,048 (vLLM's
+    defaults); CPU: 64 / 2,048. The token budget is raised to ``max_model_len`` so that a
+    full-length prompt fits one step without chunked prefill, and never exceeds what
+    ``max_num_seqs`` full-length requests could use. Values the user gave are kept.
+    """
+    if not device.startswith("cuda"):
+        seqs, tokens = 64, 2048
+    elif total_memory is not None and total_memory >= LARGE_GPU_BYTES:
+        seqs, tokens = 1024, 8192
+    else:
+        seqs, tokens = 256, 2048
+    seqs = seqs if max_num_seqs is None else max_num_seqs
+    if max_num_batched_tokens is None:
+        tokens = min(max(tokens, max_model_len), seqs * max_model_len)
+    else:
+        tokens = max_num_batched_tokens
+    return seqs, tokens
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Options of one engine. Every field either changes behaviour or is rejected.
 
-    ``max_num_batched_tokens`` is the token budget of one step; a value below
-    ``max_model_len`` needs a model whose plugin supports chunked prefill.
-    ``num_kv_blocks=None`` sizes the KV pool from free memory
-    (``kv_cache_memory_fraction`` of it). ``async_scheduling=None`` means on for CUDA,
-    off for the CPU (where it is allowed, but has nothing to overlap).
+    Defaults follow vLLM and are resolved once, here, so that every field holds a concrete
+    value after construction (except ``num_kv_blocks``, sized by the engine, and the
+    memory field of the other device kind, which stays None):
+
+    - ``device="auto"``: ``"cuda"`` when a GPU is visible, else ``"cpu"`` (logged).
+    - ``max_num_seqs`` / ``max_num_batched_tokens`` None: chosen from the device by
+      ``choose_batch_limits`` (1,024 / 8,192 on a GPU of >= 70 GiB, 256 / 2,048 on a
+      smaller one, 64 / 2,048 on the CPU; the token budget at least ``max_model_len``) and
+      logged. A ``max_num_batched_tokens`` below ``max_model_len`` needs a model whose
+      plugin supports chunked prefill.
+    - ``gpu_memory_utilization`` (CUDA, default 0.9): the fraction of the device's total
+      memory the engine may use for weights, activations (profiled with a dummy step of
+      ``max_num_batched_tokens``) and the KV pool, which gets what is left. Given on the
+      CPU it means the same of the host's memory (activations not profiled).
+    - ``kv_cache_memory_fraction`` (CPU, default 0.5): the fraction of the host's available
+      memory the KV pool may take. On CUDA it is refused: use gpu_memory_utilization.
+    - ``dtype="auto"``: the checkpoint's dtype on the GPU, float32 on the CPU
+      (``core_runner.engine.defaults.resolve_dtype``).
+    - ``generation_config``: ``"auto"`` applies the checkpoint's generation_config.json
+      sampling defaults (``LLM.get_default_sampling_params``); ``"vllm"`` ignores them.
+
+    ``num_kv_blocks=None`` sizes the KV pool from memory. ``async_scheduling=None`` means
+    on for CUDA, off for the CPU (where it is allowed, but has nothing to overlap).
     ``kernels`` picks the implementation of every layer other than attention (RMSNorm,
     rotary, SiluAndMul, fused MoE, Mamba), of input prep and of the sampler: None (auto)
     means ``"triton"`` on CUDA when triton is installed and ``"torch"`` (the references)
@@ -40,13 +118,14 @@ class EngineConfig:
 
     model: str
     dtype: str = "auto"
-    device: str = "cpu"
+    device: str = "auto"
     max_model_len: int = 2048
-    max_num_seqs: int = 64
+    max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     block_size: int = 16
     num_kv_blocks: int | None = None
-    kv_cache_memory_fraction: float = 0.5
+    gpu_memory_utilization: float | None = None
+    kv_cache_memory_fraction: float | None = None
     seed: int = 0
     strict: bool = field(default_factory=strict_from_env)
     enforce_eager: bool = False
@@ -58,6 +137,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False
     revision: str | None = None
     tokenizer_revision: str | None = None
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -65,24 +145,34 @@ class EngineConfig:
 
         if self.dtype not in _DTYPES:
             raise bad("dtype", self.dtype, f"expected one of {_DTYPES}")
-        if not (self.device == "cpu" or self.device.startswith("cuda")):
-            raise bad("device", self.device, "expected 'cpu', 'cuda' or 'cuda:N'")
-        for name in ("max_model_len", "max_num_seqs", "block_size"):
+        if not isinstance(self.device, str) or not (
+            self.device in ("cpu", "auto") or self.device.startswith("cuda")
+        ):
+            raise bad("device", self.device, "expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        object.__setattr__(self, "device", resolve_device(self.device))
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise bad(name, v, "expected an integer >= 1")
-        if self.max_num_batched_tokens is None:
-            default = min(max(self.max_model_len, 2048), self.max_num_seqs * self.max_model_len)
-            object.__setattr__(self, "max_num_batched_tokens", default)
-        mnbt = self.max_num_batched_tokens
-        if not isinstance(mnbt, int) or mnbt < 1:
-            raise bad("max_num_batched_tokens", mnbt, "expected an integer >= 1")
+            if (v is not None or name in ("max_model_len", "block_size")) and (
+                not isinstance(v, int) or isinstance(v, bool) or v < 1
+            ):
+                raise bad(name, v, "expected an integer >= 1" + ("" if name in ("max_model_len", "block_size")
+                                                                 else " or None (chosen from the device)"))
+        if self.max_num_seqs is None or self.max_num_batched_tokens is None:
+            seqs, tokens = choose_batch_limits(self.device, device_total_memory(self.device), self.max_model_len,
+                                               self.max_num_seqs, self.max_num_batched_tokens)
+            logger.info("batch limits for %s: max_num_seqs=%d, max_num_batched_tokens=%d%s", self.device, seqs,
+                        tokens, "" if self.max_num_seqs is None and self.max_num_batched_tokens is None
+                        else " (one given, the other chosen)")
+            object.__setattr__(self, "max_num_seqs", seqs)
+            object.__setattr__(self, "max_num_batched_tokens", tokens)
+        self._resolve_memory_fields(bad)
+        if self.generation_config not in _GENERATION_CONFIGS:
+            raise bad("generation_config", self.generation_config,
+                      "expected 'auto' (the checkpoint's generation_config.json defaults) or 'vllm' (ignore them)")
         if self.num_kv_blocks is not None and (
             not isinstance(self.num_kv_blocks, int) or self.num_kv_blocks < 1
         ):
             raise bad("num_kv_blocks", self.num_kv_blocks, "expected None (size from memory) or an integer >= 1")
-        if not 0.0 < self.kv_cache_memory_fraction <= 0.95:
-            raise bad("kv_cache_memory_fraction", self.kv_cache_memory_fraction, "expected a value in (0, 0.95]")
         if self.attention_backend is not None and (not isinstance(self.attention_backend, str)
                                                    or not self.attention_backend):
             # the name itself is checked by the oracle, against the registered backends
@@ -97,6 +187,24 @@ class EngineConfig:
                 raise bad(name, v, "expected None (the default branch) or a branch, tag or commit name")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
+
+    def _resolve_memory_fields(self, bad) -> None:
+        util, frac = self.gpu_memory_utilization, self.kv_cache_memory_fraction
+        for name, v, hi in (("gpu_memory_utilization", util, 1.0), ("kv_cache_memory_fraction", frac, 0.95)):
+            ok = v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= hi)
+            if not ok:
+                raise bad(name, v, f"expected None (the device's default) or a value in (0, {hi:g}]")
+        if util is not None and frac is not None:
+            raise bad("kv_cache_memory_fraction", frac,
+                      f"give either it or gpu_memory_utilization={util}, not both (they size the same pool)")
+        if self.device.startswith("cuda"):
+            if frac is not None:
+                raise bad("kv_cache_memory_fraction", frac,
+                          "it sizes the KV pool from the CPU's host memory; on CUDA use gpu_memory_utilization "
+                          "(the fraction of the GPU's total memory for weights + activations + KV, default 0.9)")
+            object.__setattr__(self, "gpu_memory_utilization", GPU_MEMORY_UTILIZATION if util is None else util)
+        elif util is None:
+            object.__setattr__(self, "kv_cache_memory_fraction", KV_CACHE_MEMORY_FRACTION if frac is None else frac)
 
     @property
     def max_blocks_per_req(self) -> int:

@@ -100,6 +100,15 @@ class Registry:
     def __init__(self) -> None:
         self._regs: dict[str, Registration] = {}
         self.current_plugin = "<direct>"
+        # plugin name -> its load error, filled by the PluginManager; named when a lookup fails
+        self.plugin_failures: dict[str, str] = {}
+
+    def snapshot(self) -> dict[str, Registration]:
+        """A copy of the registrations, for ``restore`` after a plugin fails half-way."""
+        return dict(self._regs)
+
+    def restore(self, snapshot: dict[str, Registration]) -> None:
+        self._regs = dict(snapshot)
 
     def add(
         self, architecture: str, model: str, model_state: str, *, capabilities: dict | None = None,
@@ -139,15 +148,24 @@ class Registry:
         return self._regs.get(architecture)
 
     def get(self, architecture: str) -> Registration:
+        """The registration of ``architecture``; a ValueError that names the package that
+        provides it, or the plugins that failed to load (one of them may provide it)."""
         if architecture in self._regs:
             return self._regs[architecture]
+        failed = "".join(f"; plugin {name!r} failed to load: {err}: it may provide it"
+                         for name, err in sorted(self.plugin_failures.items()))
         known = builtin_table().get(architecture)
         if known is not None:
+            if known["plugin"] in self.plugin_failures:
+                raise ValueError(f"architecture {architecture!r} is not registered{failed}")
             raise ValueError(
                 f"architecture {architecture!r} is provided by the plugin package {known['package']!r}, "
                 f"which is not installed: pip install {known['package']} "
-                f"(or pip install -e plugins/{known['plugin']} from a checkout)"
+                f"(or pip install -e plugins/{known['plugin']} from a checkout){failed}"
             )
+        if failed:
+            raise ValueError(f"architecture {architecture!r} is not registered{failed}; installed plugins "
+                             f"provide {self.architectures()}")
         raise ValueError(
             f"architecture {architecture!r} is unknown: installed plugins provide {self.architectures()}; "
             f"built-in plugins exist for {sorted(builtin_table())}"

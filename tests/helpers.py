@@ -121,7 +121,7 @@ def make_engine(ckpt: Checkpoint, **overrides: Any):
     max_num_seqs full-length requests unless num_kv_blocks is given."""
     from core_runner import LLM
 
-    opts: dict[str, Any] = dict(dtype="float32", max_model_len=128, max_num_seqs=8, block_size=4)
+    opts: dict[str, Any] = dict(dtype="float32", device="cpu", max_model_len=128, max_num_seqs=8, block_size=4)
     opts.update(overrides)
     if opts.get("num_kv_blocks") is None:
         opts["num_kv_blocks"] = opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"])

@@ -110,11 +110,14 @@ def _fake_dist(tmp_path, ep_name: str, module_name: str, module_src: str):
     (dist / "entry_points.txt").write_text(f"[core_runner]\n{ep_name} = {module_name}\n")
 
 
-def test_entry_point_that_raises_on_import_fails_loudly(tmp_path, monkeypatch):
+def test_entry_point_that_raises_on_import_fails_loudly_when_strict_or_named(tmp_path, monkeypatch):
+    # non-strict loading records the fault instead: tests/test_plugin_faults.py
     _fake_dist(tmp_path, "broken", "broken_plugin_mod", "raise RuntimeError('boom at import')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(PluginError, match=r"'broken' \(broken_plugin_mod\) failed to import: RuntimeError: boom"):
-        load_plugins()
+        load_plugins(strict=True)
+    with pytest.raises(PluginError, match=r"'broken' \(broken_plugin_mod\) failed to import"):
+        load_plugins(["broken"])
     # narrowing to the healthy plugin still works
     assert "qwen3" in load_plugins(["qwen3"]).plugins
 

@@ -210,7 +210,7 @@ def test_embed_bench_smoke(minilm_path, single_torch_thread):
     from core_runner.bench.embed_bench import embed_bench
 
     args = argparse.Namespace(model=minilm_path, device="cpu", dtype="float32", embed_batch_size=4, num_requests=8,
-                              max_model_len=2048, max_num_batched_tokens=256, kv_fraction=0.05)
+                              max_model_len=2048, max_num_batched_tokens=256, gpu_memory_utilization=None)
     res = embed_bench(args)
     assert res["engine"]["sentences_per_s"] > 0 and res["transformers"]["sentences_per_s"] > 0
     assert res["max_abs_diff"] <= 1e-5

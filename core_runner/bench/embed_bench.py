@@ -45,11 +45,13 @@ def _sync(device: str) -> None:
 
 
 def run_engine_embed(model: str, sentences: list[str], *, device: str, dtype: str, batch: int,
-                     max_model_len: int, max_num_batched_tokens: int, kv_fraction: float) -> tuple[dict, torch.Tensor]:
+                     max_model_len: int, max_num_batched_tokens: int,
+                     gpu_memory_utilization: float | None = None) -> tuple[dict, torch.Tensor]:
     from core_runner import LLM
 
     llm = LLM(model, device=device, dtype=dtype, max_model_len=max_model_len, max_num_seqs=batch,
-              max_num_batched_tokens=max(max_num_batched_tokens, max_model_len), kv_cache_memory_fraction=kv_fraction)
+              max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
+              gpu_memory_utilization=gpu_memory_utilization)
     llm.engine.dummy_run(min(batch, 64), llm.config.max_num_batched_tokens)
     llm.embed(sentences[:batch])  # warm-up through the whole path
     _sync(device)
@@ -111,12 +113,14 @@ def embed_bench(args) -> dict:
     dtype = args.dtype if args.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     batch = args.embed_batch_size
     n = args.num_requests or 16 * batch
-    max_pos = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings") or args.max_model_len
-    max_model_len = min(args.max_model_len, int(max_pos))
+    wanted_len = args.max_model_len or 2048
+    max_pos = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings") or wanted_len
+    max_model_len = min(wanted_len, int(max_pos))
     sentences = bench_sentences(n)
     eng, eng_vecs = run_engine_embed(model, sentences, device=device, dtype=dtype, batch=batch,
-                                     max_model_len=max_model_len, max_num_batched_tokens=args.max_num_batched_tokens,
-                                     kv_fraction=args.kv_fraction)
+                                     max_model_len=max_model_len,
+                                     max_num_batched_tokens=args.max_num_batched_tokens or 8192,
+                                     gpu_memory_utilization=args.gpu_memory_utilization)
     results = {"model": model, "device": device, "dtype": dtype, "batch": batch, "num_sentences": n,
                "engine": eng}
     print(f"embed engine: {eng['sentences_per_s']:.0f} sentences/s ({eng['tokens_per_s']:.0f} tok/s, "

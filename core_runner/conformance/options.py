@@ -4,6 +4,7 @@ cannot slip in silently. Each probe returns a one-line description for the repor
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -92,7 +93,10 @@ def _dtype(ctx: Ctx) -> str:
 
 @probe("device")
 def _device(ctx: Ctx) -> str:
-    text = _rejects(ctx, "device='tpu'", device="tpu")
+    auto = ctx.engine(device="auto").config.device
+    if auto != ("cuda" if torch.cuda.is_available() else "cpu"):
+        fail(f"device='auto' resolved to {auto!r} (CUDA available: {torch.cuda.is_available()})")
+    text = f"'auto' resolves to {auto!r}; " + _rejects(ctx, "device='tpu'", device="tpu")
     if torch.cuda.is_available():
         e = ctx.engine(device="cuda", block_size=16)
         if any(p.device.type != "cuda" for p in e.model.parameters()):
@@ -171,18 +175,70 @@ def _num_kv_blocks(ctx: Ctx) -> str:
         _rejects(ctx, "num_kv_blocks=0", num_kv_blocks=0)
 
 
+def _blocks_for(ctx: Ctx, probe_value: Any, **opts: Any) -> int:
+    return ctx.engine(memory_probe=lambda device: probe_value, num_kv_blocks=None, max_num_seqs=64, block_size=4,
+                      **opts).num_blocks
+
+
+@probe("gpu_memory_utilization")
+def _gpu_memory_utilization(ctx: Ctx) -> str:
+    from core_runner.config import EngineConfig
+
+    rep = ctx.engine().memory_report()
+    block_bytes = rep["kv_bytes_per_token"] * 4
+    # an idle device (free = total) where 0.05 of the total holds 500 blocks beyond 65 rows of state
+    total = int((block_bytes * 500 + rep["state_bytes_per_row"] * 65) / 0.05)
+    sizes = [_blocks_for(ctx, (total, total), gpu_memory_utilization=u) for u in (0.05, 0.1)]
+    busy = _blocks_for(ctx, (total - total // 40, total), gpu_memory_utilization=0.1)  # 2.5% of it in use
+    if not sizes[0] < busy < sizes[1]:
+        fail(f"gpu_memory_utilization 0.05 / 0.1 of an idle device and 0.1 of a busy one gave {sizes[0]} / "
+             f"{sizes[1]} / {busy} blocks: the pool must grow with it and shrink with memory in use")
+    cfg = EngineConfig(model=str(ctx.ref.path), device="cuda", dtype="float32")
+    if cfg.gpu_memory_utilization != 0.9:
+        fail(f"a CUDA config defaults gpu_memory_utilization to {cfg.gpu_memory_utilization}, expected 0.9")
+    return f"sizes the KV pool from total memory less memory in use ({sizes[0]} / {busy} / {sizes[1]} blocks); " \
+        "0.9 by default on CUDA; " + _rejects(ctx, "gpu_memory_utilization=1.5", gpu_memory_utilization=1.5)
+
+
+@probe("generation_config")
+def _generation_config(ctx: Ctx) -> str:
+    from core_runner import LLM
+
+    with tempfile.TemporaryDirectory(prefix="cr-genconfig-") as tmp:
+        path = Path(tmp)
+        for f in ctx.ref.path.iterdir():
+            (path / f.name).symlink_to(f.resolve())
+        gen = path / "generation_config.json"
+        values = json.loads(gen.read_text()) if gen.exists() else {}
+        gen.unlink(missing_ok=True)
+        gen.write_text(json.dumps({**values, "temperature": 0.25, "top_k": 7, "max_new_tokens": 3}))
+        opts = dict(plugins=ctx.pm, dtype="float32", device="cpu", max_model_len=ctx.max_model_len(32),
+                    max_num_seqs=2, num_kv_blocks=64, block_size=4, strict=False)
+        auto = LLM(str(path), generation_config="auto", **opts).get_default_sampling_params()
+        plain = LLM(str(path), generation_config="vllm", **opts).get_default_sampling_params()
+    if (auto.temperature, auto.top_k, auto.max_tokens) != (0.25, 7, 3):
+        fail(f"generation_config='auto' did not take the checkpoint's temperature 0.25, top_k 7, max_new_tokens 3: "
+             f"{auto}")
+    if (plain.temperature, plain.top_k, plain.max_tokens) == (0.25, 7, 3):
+        fail("generation_config='vllm' applied the checkpoint's sampling defaults")
+    return "'auto' applies generation_config.json's sampling defaults, 'vllm' ignores them; " + \
+        _rejects(ctx, "generation_config='hf'", generation_config="hf")
+
+
 @probe("kv_cache_memory_fraction")
 def _kv_fraction(ctx: Ctx) -> str:
     rep = ctx.engine().memory_report()
     block_bytes = rep["kv_bytes_per_token"] * 4
     # at fraction 0.05 the budget is 500 blocks beyond the row state of 65 rows; 0.1 gives more
     fake_free = int((block_bytes * 500 + rep["state_bytes_per_row"] * 65) / 0.05)
-    sizes = [ctx.engine(memory_probe=lambda device: fake_free, num_kv_blocks=None, max_num_seqs=64, block_size=4,
-                        kv_cache_memory_fraction=f).num_blocks
-             for f in (0.05, 0.1)]
+    sizes = [_blocks_for(ctx, fake_free, kv_cache_memory_fraction=f) for f in (0.05, 0.1)]
     if not sizes[0] < sizes[1]:
         fail(f"with num_kv_blocks=None, fractions 0.05 and 0.1 of the same free memory gave {sizes} blocks")
-    return f"sizes the KV pool when num_kv_blocks=None ({sizes[0]} -> {sizes[1]} blocks); " + \
+    expect_raises(lambda: _plan(ctx, kv_cache_memory_fraction=0.5), ValueError,
+                  "kv_cache_memory_fraction on CUDA (gpu_memory_utilization sizes that pool)",
+                  match="gpu_memory_utilization")
+    return f"sizes the KV pool when num_kv_blocks=None on the CPU ({sizes[0]} -> {sizes[1]} blocks); refused on " \
+        "CUDA (naming gpu_memory_utilization); " + \
         _rejects(ctx, "kv_cache_memory_fraction=1.5", kv_cache_memory_fraction=1.5)
 
 

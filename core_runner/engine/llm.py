@@ -10,6 +10,7 @@ import torch
 from tqdm.auto import tqdm
 
 from core_runner.config import EngineConfig
+from core_runner.engine.defaults import MemoryProbe
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
@@ -29,10 +30,10 @@ class LLM:
 
     def __init__(
         self, model: str, *, plugins: PluginManager | None = None,
-        memory_probe: Callable[[torch.device], int] | None = None, **options: Any,
+        memory_probe: MemoryProbe | None = None, **options: Any,
     ) -> None:
         """``options`` are EngineConfig fields; ``memory_probe`` goes to LLMEngine (it reads
-        the free memory the KV pool is sized from when ``num_kv_blocks`` is None)."""
+        the (free, total) memory the KV pool is sized from when ``num_kv_blocks`` is None)."""
         if "max_model_len" not in options:  # default: min(EngineConfig's default, the model's positions)
             default = next(f.default for f in fields(EngineConfig) if f.name == "max_model_len")
             limit = _max_positions(model)
@@ -45,6 +46,15 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """A new SamplingParams holding the defaults ``generate`` uses when given none (as
+        vLLM's): its own defaults overridden by the checkpoint's generation_config.json
+        (temperature, top_k, top_p, min_p, repetition_penalty, max_new_tokens as
+        max_tokens) unless ``generation_config="vllm"``. To change one field and keep the
+        checkpoint's others, edit the returned object; a SamplingParams built by hand is
+        used exactly as given."""
+        return self.engine.default_sampling_params()
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -52,14 +62,15 @@ class LLM:
         *,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Outputs in prompt order. Every prompt is validated before any runs: a bad one
-        raises ValueError naming its index, and nothing is left queued."""
+        """Outputs in prompt order. Without ``sampling_params`` every prompt gets
+        ``get_default_sampling_params()``. Every prompt is validated before any runs: a bad
+        one raises ValueError naming its index, and nothing is left queued."""
         self._require_task("generate", "generate")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            params = [SamplingParams()] * len(prompts)
+            params = [self.get_default_sampling_params()] * len(prompts)
         elif isinstance(sampling_params, SamplingParams):
             params = [sampling_params] * len(prompts)
         else:

@@ -5,13 +5,20 @@ joins its three parts: the InputProcessor (prompts -> validated Requests), the E
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
 from core_runner.engine.debug import EngineDebug
+from core_runner.engine.defaults import (
+    MemoryProbe,
+    kv_cache_budget,
+    load_generation_defaults,
+    read_memory,
+    resolve_dtype,
+)
 from core_runner.engine.engine_core import EngineCore
 from core_runner.engine.input_processor import InputProcessor
 from core_runner.engine.output_processor import OutputProcessor
@@ -22,10 +29,8 @@ from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
     architecture_of,
     build_model,
-    eos_token_ids,
     load_hf_config,
     load_tokenizer,
-    resolve_dtype,
     resolve_model,
     resolve_tokenizer,
 )
@@ -34,36 +39,42 @@ from core_runner.plugins import PluginManager, load_plugins
 from core_runner.pooling_params import PoolingParams
 from core_runner.runner.model_runner import ModelRunner
 from core_runner.sampling_params import SamplingParams
+from core_runner.step_data.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
 
-def available_memory(device: torch.device) -> int:
-    """Free bytes the KV pool may take a fraction of: free CUDA memory, or MemAvailable."""
+def available_memory(device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes: the CUDA device's, or the host's MemAvailable and MemTotal."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        free, total = torch.cuda.mem_get_info(device)
+        return int(free), int(total)
+    info = {}
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                key, _, rest = line.partition(":")
+                info[key] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
-    return 4 << 30
+    free = info.get("MemAvailable", 4 << 30)
+    return free, info.get("MemTotal", free)
 
 
 class LLMEngine:
-    """One model's engine. ``memory_probe(device) -> free bytes`` replaces the default
-    free-memory reading when the KV pool is sized from memory (tests inject one)."""
+    """One model's engine. ``memory_probe(device) -> (free, total) bytes`` (or free bytes
+    alone) replaces the default memory reading when the KV pool is sized from memory
+    (tests inject one)."""
 
     def __init__(
         self, config: EngineConfig, plugins: PluginManager | None = None, *,
-        memory_probe: Callable[[torch.device], int] | None = None,
+        memory_probe: MemoryProbe | None = None,
     ) -> None:
         self.config = config
-        self.plugins = plugins or load_plugins()
+        self.plugins = plugins or load_plugins(strict=config.strict)
         self.model_path = resolve_model(config.model, config.revision)
         self.hf_config = load_hf_config(self.model_path, served=self.plugins.registry.find)
+        self.generation_defaults = load_generation_defaults(self.model_path, self.hf_config, config.generation_config)
         self.architecture = architecture_of(self.hf_config)
         self.registration = self.plugins.registry.get(self.architecture)
         self.plan = plan_execution(config, self.registration)
@@ -105,7 +116,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             config, architecture=self.architecture, tasks=self.tasks, tokenizer=self.tokenizer,
             vocab_size=int(getattr(self.hf_config, "vocab_size", 0)) or None,
-            eos_token_ids=eos_token_ids(self.model_path, self.hf_config), max_positions=max_pos,
+            eos_token_ids=self.generation_defaults.eos_token_ids, max_positions=max_pos,
             chunked_prefill=self.plan.chunked_prefill,
             resolve_pooling=getattr(self.model_state, "resolve_pooling_params", None),
         )
@@ -113,6 +124,11 @@ class LLMEngine:
         self.debug = EngineDebug(self)
         logger.info("engine ready: %s via plugin %r, %d KV blocks of %d tokens, plan %s",
                     self.architecture, self.registration.plugin, self.num_blocks, config.block_size, self.plan)
+
+    def default_sampling_params(self) -> SamplingParams:
+        """vLLM's defaults with the checkpoint's generation_config.json values applied
+        (generation_config="auto"); plain ``SamplingParams()`` with "vllm"."""
+        return self.generation_defaults.sampling_params()
 
     @property
     def scheduler(self) -> Scheduler:
@@ -139,20 +155,47 @@ class LLMEngine:
         c = self.config
         row_bytes = rep["state_bytes_per_row"] * (c.max_num_seqs + 1)
         block_bytes = max(1, rep["kv_bytes_per_token"] * c.block_size)
-        free = self.memory_probe(torch.device(c.device))
-        budget = int(free * c.kv_cache_memory_fraction) - row_bytes
+        activations = self._profile_activation_bytes()
+        free, total = read_memory(self.memory_probe, torch.device(c.device))
+        budget = kv_cache_budget(c, free, total, activations) - row_bytes
         useful = c.max_num_seqs * c.max_blocks_per_req  # more blocks than this can never be used
         n = min(useful, budget // block_bytes)
-        logger.info("KV pool sized from memory: %d blocks (%.1f MiB of %.1f MiB free)",
-                    n, n * block_bytes / 2**20, free / 2**20)
+        logger.info("KV pool sized from memory: %d blocks (%.1f MiB; %.1f MiB free of %.1f MiB, activation peak "
+                    "%.1f MiB)", n, n * block_bytes / 2**20, free / 2**20, total / 2**20, activations / 2**20)
         return max(n, 0)
+
+    def _profile_activation_bytes(self) -> int:
+        """The allocation peak of one dummy step of max_num_batched_tokens (CUDA only: the
+        host has no peak counter), run over a pool of one request's blocks. The layers hold
+        that pool until the real one is bound, so the free memory read next counts it as in
+        use: the budget errs low by one request's blocks."""
+        device = self.runner.device
+        if device.type != "cuda":
+            return 0
+        c = self.config
+        self.runner.initialize_kv_cache(c.max_blocks_per_req)
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        n = min(c.max_num_seqs, c.max_num_batched_tokens)
+        so = SchedulerOutput(num_scheduled_tokens={f"profile{i}": 1 for i in range(n)})
+        so.num_scheduled_tokens[f"profile{n - 1}"] += c.max_num_batched_tokens - n
+        self.runner.execute_model(so, dummy=True)
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device) - base
+        self.runner.kv_caches.clear()
+        torch.cuda.empty_cache()
+        return max(0, int(peak))
 
     # ---- requests -----------------------------------------------------------------
     def add_request(
         self, prompt: str | Sequence[int], params: SamplingParams | None = None, req_id: str | None = None,
         pooling_params: PoolingParams | None = None,
     ) -> str:
-        """Validate and queue one request; a bad one raises here and leaves the others untouched."""
+        """Validate and queue one request; a bad one raises here and leaves the others untouched.
+        A generation request without params gets ``default_sampling_params()``."""
+        if params is None and pooling_params is None and "generate" in self.tasks:
+            params = self.default_sampling_params()
         return self.add_processed(self.input_processor.process(prompt, params, req_id, pooling_params))
 
     def add_processed(self, req: Request) -> str:

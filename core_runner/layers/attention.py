@@ -13,6 +13,14 @@ from core_runner.kv_cache_spec import PagedCacheSpec
 
 
 class Attention(nn.Module):
+    """Multi-head / grouped-query attention over a paged KV cache.
+
+    ``forward(q, k, v)`` writes this step's k, v ([T, num_kv_heads * head_size]) into the
+    cache at the slots of the step's metadata, then returns, for every query token, the
+    softmax(scale * q k^T) v over its request's cached tokens (causal), as
+    [T, num_heads * head_size]. ``kv_cache_spec`` declares the cache (K and V parts,
+    num_kv_heads x head_size per token); ``num_heads`` must be a multiple of ``num_kv_heads``.
+    """
     def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float) -> None:
         super().__init__()
         if num_heads % num_kv_heads:

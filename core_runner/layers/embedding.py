@@ -8,6 +8,8 @@ from core_runner.layers.linear import default_weight_loader
 
 
 class VocabEmbedding(nn.Module):
+    """Token embedding: ``forward(input_ids [T]) -> weight[input_ids]`` ([T, hidden_size]).
+    ``weight`` is [vocab_size, hidden_size], loaded as the checkpoint's ``embed_tokens``."""
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)

@@ -15,6 +15,8 @@ _GELU_NAMES = {
 
 
 class GELU(nn.Module):
+    """GELU(x) = x * Phi(x) elementwise: exact (erf) with ``approximate="none"``, or the
+    tanh approximation with ``"tanh"``; returns a tensor of x's shape and dtype."""
     def __init__(self, approximate: str = "none") -> None:
         super().__init__()
         if approximate not in ("none", "tanh"):

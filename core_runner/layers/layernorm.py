@@ -11,6 +11,8 @@ from torch import nn
 
 
 class LayerNorm(nn.Module):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dimension, statistics in
+    float32; returns x's shape and dtype. ``bias=False`` drops the bias (no parameter)."""
     def __init__(self, hidden_size: int, eps: float = 1e-5, bias: bool = True) -> None:
         super().__init__()
         self.hidden_size, self.eps = hidden_size, eps

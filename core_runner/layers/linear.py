@@ -14,6 +14,8 @@ from torch import nn
 
 
 def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    """Copy a checkpoint tensor into an unfused parameter (cast to its dtype); raises
+    ValueError on a shape mismatch or a shard id (only fused parameters take shards)."""
     if shard_id is not None:
         raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
     if param.shape != loaded.shape:
@@ -22,6 +24,8 @@ def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: o
 
 
 class Linear(nn.Module):
+    """y = x W^T (+ b): ``forward(x [..., in_features]) -> [..., out_features]``. Its
+    parameters carry ``weight_loader``, which fused subclasses override to load slices."""
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features

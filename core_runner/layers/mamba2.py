@@ -69,6 +69,11 @@ class DepthwiseConv1d(nn.Module):
 
 
 class Mamba2Mixer(nn.Module):
+    """The Mamba2 block (see the module docstring): ``forward(hidden [T, hidden_size])`` runs
+    in_proj, the causal conv and the selective scan from each request's saved state (or
+    zeros), updates that state (except in dummy runs), applies the gated RMSNorm and
+    returns out_proj of it, [T, hidden_size]. ``kv_cache_spec`` declares the per-row conv
+    and SSM state."""
     def __init__(
         self, hidden_size: int, *, num_heads: int, head_dim: int, d_state: int, n_groups: int = 1,
         d_conv: int = 4, expand_size: int | None = None, chunk_size: int = 256, conv_bias: bool = True,

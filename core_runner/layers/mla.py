@@ -20,6 +20,9 @@ from core_runner.kv_cache_spec import PagedCacheSpec
 
 
 class MLAAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek): caches one [kv_c | k_pe] vector per token and
+    attends in the latent space with kv_b_proj absorbed (see the module docstring);
+    ``forward`` returns [T, num_heads * v_head_dim]. Needs a backend with ``supports_mla``."""
     # the engine refuses, at construction, an attention backend that does not declare this
     needs_attention_capability = "supports_mla"
 

@@ -23,6 +23,8 @@ def _out(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over the experts, keep the top_k: (weights [T, top_k] float32, ids int32);
+    ``renormalize`` rescales the kept weights to sum to 1 (Mixtral, Qwen-MoE)."""
     probs = router_logits.float().softmax(dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
     if renormalize:
@@ -53,6 +55,10 @@ def grouped_topk_v2(
     router_logits: torch.Tensor, top_k: int, topk_method: str, n_group: int | None = None,
     topk_group: int | None = None, routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V2 routing: softmax scores; "greedy" keeps the top_k experts,
+    "group_limited_greedy" first masks all but the ``topk_group`` groups (of ``n_group``)
+    with the best single score. Returns (weights x routed_scaling_factor [T, top_k] float32,
+    ids int32)."""
     scores = router_logits.float().softmax(dim=-1)
     if topk_method == "group_limited_greedy":
         num_experts = scores.shape[-1]
@@ -69,6 +75,10 @@ def grouped_topk_v3(
     router_logits: torch.Tensor, correction_bias: torch.Tensor | None, top_k: int, n_group: int,
     topk_group: int, renormalize: bool, routed_scaling_factor: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """DeepSeek-V3 routing: sigmoid scores; experts are chosen by score + correction_bias
+    within the ``topk_group`` groups whose two best biased scores sum highest; their
+    weights are the unbiased scores, renormalised if asked, times routed_scaling_factor.
+    Returns (weights [T, top_k] float32, ids int32)."""
     scores = router_logits.float().sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias.float()
     n_group, topk_group = _check_groups(scores.shape[-1], n_group, topk_group)

@@ -12,6 +12,9 @@ from core_runner.forward_context import use_triton_kernels
 
 
 class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * weight over the last dimension (statistics in float32).
+    ``forward(x)`` returns the normed x; ``forward(x, residual)`` returns (norm(x + residual),
+    x + residual), the sum being the next layer's residual. Shape and dtype of x."""
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps

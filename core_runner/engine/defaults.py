@@ -1,0 +1,132 @@
+"""Defaults taken from the checkpoint and the device, as vLLM takes them: the dtype, the
+sampling defaults of ``generation_config.json`` and the memory the KV pool may use.
+(The device and the batch limits are resolved earlier, in ``EngineConfig``.)"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from core_runner.config import EngineConfig
+from core_runner.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# generation_config.json key -> SamplingParams field: the keys vLLM's generation_config="auto" applies
+_SAMPLING_KEYS = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def resolve_dtype(name: str, hf_config: Any, device: str) -> torch.dtype:
+    """The parameter / KV dtype. An explicit name is used as given. ``"auto"``: float32 on the
+    CPU (half-precision matmuls there are slow or missing); on a GPU the checkpoint's
+    float16 / bfloat16, and bfloat16 for a float32 (or undeclared) checkpoint, as vLLM
+    does: float32 would halve throughput for no accuracy a user of "auto" asked for
+    (``dtype="float32"`` keeps it). The choice is logged."""
+    if name != "auto":
+        return _DTYPES[name]
+    declared = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    declared = str(declared).removeprefix("torch.") if declared is not None else None
+    if not device.startswith("cuda"):
+        chosen, why = torch.float32, "the CPU path runs in float32"
+    elif declared in ("float16", "bfloat16"):
+        chosen, why = _DTYPES[declared], "the checkpoint's dtype"
+    else:
+        why = f"the checkpoint declares {declared or 'no dtype'}; dtype='float32' keeps float32"
+        chosen = torch.bfloat16
+    logger.info("dtype='auto' on %s: %s (%s)", device, str(chosen).removeprefix("torch."), why)
+    return chosen
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What a checkpoint's generation_config.json says: its EOS ids (also read in
+    generation_config="vllm" mode: EOS defines the model's stop, it is not a sampling
+    default) and the SamplingParams fields it sets (empty in "vllm" mode)."""
+
+    eos_token_ids: tuple[int, ...] = ()
+    sampling: dict[str, Any] = field(default_factory=dict)
+
+    def sampling_params(self) -> SamplingParams:
+        """A fresh SamplingParams: vLLM's defaults overridden by the checkpoint's."""
+        return SamplingParams(**self.sampling)
+
+
+def load_generation_defaults(path: str | Path, hf_config: Any, mode: str = "auto") -> GenerationDefaults:
+    """Read ``path/generation_config.json`` with transformers' ``GenerationConfig``.
+
+    ``mode="auto"`` keeps the sampling values that differ from transformers' defaults (vLLM
+    reads ``to_diff_dict()`` the same way): temperature, top_k (0 -> -1, disabled), top_p,
+    min_p, repetition_penalty, max_new_tokens (-> max_tokens). EOS falls back to
+    config.json's ``eos_token_id``. An unreadable file or a value SamplingParams refuses
+    raises ValueError naming the file.
+    """
+    file = Path(path) / "generation_config.json"
+    eos: Any = None
+    sampling: dict[str, Any] = {}
+    if file.is_file():
+        from transformers import GenerationConfig
+
+        try:
+            json.loads(file.read_text())  # transformers' own message does not always name the file
+            gen = GenerationConfig.from_pretrained(str(file.parent))
+        except (OSError, ValueError, TypeError) as e:
+            raise ValueError(f"{file}: not a valid generation config: {e}") from e
+        eos = gen.eos_token_id
+        if mode == "auto":
+            diff = gen.to_diff_dict()
+            sampling = {dst: diff[src] for src, dst in _SAMPLING_KEYS.items() if diff.get(src) is not None}
+            if sampling.get("top_k") == 0:
+                sampling["top_k"] = -1
+            try:
+                SamplingParams(**sampling)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{file}: its sampling defaults are invalid: {e}") from e
+            if sampling:
+                logger.info("sampling defaults from %s: %s (generation_config='vllm' ignores them)", file, sampling)
+    if eos is None:
+        eos = getattr(hf_config, "eos_token_id", None)
+    ids = () if eos is None else tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return GenerationDefaults(eos_token_ids=ids, sampling=sampling)
+
+
+# ---- memory ----------------------------------------------------------------------------
+MemoryProbe = Callable[[torch.device], "int | tuple[int, int]"]
+
+
+def read_memory(probe: MemoryProbe, device: torch.device) -> tuple[int, int]:
+    """(free, total) bytes from a probe; a probe returning one int gives free bytes, and
+    the device is then taken as otherwise idle (total = free)."""
+    got = probe(device)
+    if isinstance(got, tuple):
+        free, total = got
+        return int(free), int(total)
+    return int(got), int(got)
+
+
+def kv_cache_budget(config: EngineConfig, free: int, total: int, activation_bytes: int = 0) -> int:
+    """Bytes the KV pool (with its per-row state) may take.
+
+    ``gpu_memory_utilization`` u: the engine may use u x total; what is in use already
+    (total - free: weights, and anything else on the device) and the activation peak of a
+    full-budget step come off it. ``kv_cache_memory_fraction`` f (the CPU): f x free.
+    A budget of zero or less raises ValueError naming the field and the figures.
+    """
+    gib = 2**30
+    if config.gpu_memory_utilization is not None:
+        u = config.gpu_memory_utilization
+        budget = int(total * u) - (total - free) - activation_bytes
+        if budget <= 0:
+            raise ValueError(
+                f"gpu_memory_utilization={u} leaves no memory for the KV cache: {u} x {total / gib:.2f} GiB total "
+                f"= {total * u / gib:.2f} GiB, of which {(total - free) / gib:.2f} GiB is in use (weights, other "
+                f"processes) and {activation_bytes / gib:.2f} GiB is the activation peak; raise "
+                f"gpu_memory_utilization or lower max_num_batched_tokens / max_num_seqs"
+            )
+        return budget
+    return int(free * config.kv_cache_memory_fraction)
