@@ -12,7 +12,8 @@ import torch
 from checkpoint_surgery import copy_checkpoint, edit_json, fake_hub_repo
 
 from core_runner import LLM
-from core_runner.loader import CheckpointError, eos_token_ids, load_hf_config, load_tokenizer, resolve_model
+from core_runner.engine.defaults import load_generation_defaults
+from core_runner.loader import CheckpointError, load_hf_config, load_tokenizer, resolve_model
 
 SHA_A = "a" * 40
 SHA_B = "b" * 40
@@ -170,9 +171,9 @@ def test_invalid_json_names_the_file(ckpt, name):
 def test_bad_eos_in_generation_config(ckpt):
     (ckpt / "generation_config.json").write_text('{"eos_token_id": "</s>"}')
     with pytest.raises(CheckpointError, match=r"generation_config\.json: eos_token_id is '</s>'; expected a token"):
-        eos_token_ids(ckpt, load_hf_config(ckpt))
+        load_generation_defaults(ckpt, load_hf_config(ckpt))
     (ckpt / "generation_config.json").write_text('{"eos_token_id": [5, 6]}')
-    assert eos_token_ids(ckpt, load_hf_config(ckpt)) == (5, 6)
+    assert load_generation_defaults(ckpt, load_hf_config(ckpt)).eos_token_ids == (5, 6)
 
 
 def test_tokenizer_that_does_not_load_names_the_directory(ckpt):

@@ -3,7 +3,6 @@ sampling defaults of ``generation_config.json`` and the memory the KV pool may u
 (The device and the batch limits are resolved earlier, in ``EngineConfig``.)"""
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from core_runner.config import EngineConfig
+from core_runner.loader import eos_ids, read_json
 from core_runner.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -67,17 +67,17 @@ def load_generation_defaults(path: str | Path, hf_config: Any, mode: str = "auto
     raises ValueError naming the file.
     """
     file = Path(path) / "generation_config.json"
-    eos: Any = None
+    ids = None
     sampling: dict[str, Any] = {}
     if file.is_file():
         from transformers import GenerationConfig
 
+        # read first: a bad file or EOS value is named here, not deep inside transformers
+        ids = eos_ids(read_json(file, "the generation defaults (a JSON object)").get("eos_token_id"), str(file))
         try:
-            json.loads(file.read_text())  # transformers' own message does not always name the file
             gen = GenerationConfig.from_pretrained(str(file.parent))
         except (OSError, ValueError, TypeError) as e:
             raise ValueError(f"{file}: not a valid generation config: {e}") from e
-        eos = gen.eos_token_id
         if mode == "auto":
             diff = gen.to_diff_dict()
             sampling = {dst: diff[src] for src, dst in _SAMPLING_KEYS.items() if diff.get(src) is not None}
@@ -89,10 +89,9 @@ def load_generation_defaults(path: str | Path, hf_config: Any, mode: str = "auto
                 raise ValueError(f"{file}: its sampling defaults are invalid: {e}") from e
             if sampling:
                 logger.info("sampling defaults from %s: %s (generation_config='vllm' ignores them)", file, sampling)
-    if eos is None:
-        eos = getattr(hf_config, "eos_token_id", None)
-    ids = () if eos is None else tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]))
-    return GenerationDefaults(eos_token_ids=ids, sampling=sampling)
+    if ids is None:
+        ids = eos_ids(getattr(hf_config, "eos_token_id", None), str(Path(path) / "config.json"))
+    return GenerationDefaults(eos_token_ids=ids or (), sampling=sampling)
 
 
 # ---- memory ----------------------------------------------------------------------------

@@ -5,13 +5,13 @@ for weights, the tensor at fault and what was expected. No checkpoint code is ev
 ``trust_remote_code`` stays off and pickle weights are refused.
 """
 from core_runner.loader.checkpoint import INDEX, checkpoint_files
-from core_runner.loader.config import architecture_of, eos_token_ids, load_hf_config, load_tokenizer, resolve_dtype
+from core_runner.loader.config import architecture_of, eos_ids, load_hf_config, load_tokenizer
 from core_runner.loader.files import CheckpointError, read_json
 from core_runner.loader.resolve import hub_cache_dir, hub_offline, resolve_model, resolve_tokenizer
 from core_runner.loader.weights import Transform, build_model, load_weights
 
 __all__ = [
-    "INDEX", "CheckpointError", "Transform", "architecture_of", "build_model", "checkpoint_files", "eos_token_ids",
-    "hub_cache_dir", "hub_offline", "load_hf_config", "load_tokenizer", "load_weights", "read_json", "resolve_dtype",
+    "INDEX", "CheckpointError", "Transform", "architecture_of", "build_model", "checkpoint_files", "eos_ids",
+    "hub_cache_dir", "hub_offline", "load_hf_config", "load_tokenizer", "load_weights", "read_json",
     "resolve_model", "resolve_tokenizer",
 ]

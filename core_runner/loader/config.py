@@ -73,35 +73,15 @@ def architecture_of(hf_config: Any) -> str:
     return archs[0]
 
 
-def resolve_dtype(name: str, hf_config: Any, device: str) -> torch.dtype:
-    if name != "auto":
-        return _DTYPES[name]
-    declared = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-    if isinstance(declared, torch.dtype):
-        declared = str(declared).removeprefix("torch.")
-    if device == "cpu":
-        return torch.float32
-    return _DTYPES.get(str(declared), torch.bfloat16)
-
-
-def _eos_ids(value: Any, where: str) -> tuple[int, ...] | None:
+def eos_ids(value: Any, where: str) -> tuple[int, ...] | None:
+    """An ``eos_token_id`` value as a tuple of ids (None stays None); anything else is an
+    error naming ``where`` it was read."""
     if value is None:
         return None
     items = value if isinstance(value, (list, tuple)) else [value]
     if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
         raise CheckpointError(f"{where}: eos_token_id is {value!r}; expected a token id or a list of token ids")
     return tuple(items)
-
-
-def eos_token_ids(path: str | Path, hf_config: Any) -> tuple[int, ...]:
-    """generation_config.json's eos_token_id, else config.json's, else none."""
-    gen = Path(path) / "generation_config.json"
-    eos = None
-    if gen.is_file():
-        eos = _eos_ids(read_json(gen, "the generation defaults (a JSON object)").get("eos_token_id"), str(gen))
-    if eos is None:
-        eos = _eos_ids(getattr(hf_config, "eos_token_id", None), str(Path(path) / "config.json"))
-    return eos or ()
 
 
 def load_tokenizer(path: str | Path) -> Any | None:
