@@ -180,7 +180,7 @@ def test_generation_config_vllm_ignores_the_sampling_defaults(untied, tmp_path):
 
 
 @pytest.mark.parametrize("content, match", [
-    ("{not json", "not a valid generation config"),
+    ("{not json", r"invalid JSON at line 1"),
     ({"temperature": -1.0}, r"sampling defaults are invalid: SamplingParams.temperature=-1.0"),
     ({"top_p": 0.0}, r"sampling defaults are invalid: SamplingParams.top_p=0.0"),
 ])
