@@ -14,12 +14,20 @@ from core_runner.layers.mamba2 import DepthwiseConv1d, GatedRMSNorm, Mamba2Mixer
 from core_runner.layers.mla import MLAAttention
 from core_runner.layers.moe_routing import grouped_topk_v2, grouped_topk_v3, softmax_topk
 from core_runner.layers.norm import RMSNorm
-from core_runner.layers.rope_config import yarn_softmax_scale
+from core_runner.layers.rope_config import (
+    cos_sin_of,
+    default_inv_freq,
+    rope_cos_sin_table,
+    rope_parameters_of,
+    yarn_get_mscale,
+    yarn_softmax_scale,
+)
 from core_runner.layers.rotary import RotaryEmbedding, get_rope, rope_theta_of
 
 __all__ = [
-    "GELU", "Attention", "DepthwiseConv1d", "FusedMoE", "GatedRMSNorm", "LMHead", "LayerNorm", "Linear",
-    "MLAAttention", "Mamba2Mixer", "MergedLinear", "QKVLinear", "RMSNorm", "RotaryEmbedding", "SiluAndMul",
-    "VocabEmbedding", "default_weight_loader", "expert_packed_mapping", "fused_moe_ref", "gelu_from_name", "get_rope",
-    "grouped_topk_v2", "grouped_topk_v3", "rope_theta_of", "softmax_topk", "yarn_softmax_scale",
+    "Attention", "cos_sin_of", "default_inv_freq", "default_weight_loader", "DepthwiseConv1d",
+    "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GatedRMSNorm", "GELU", "gelu_from_name", "get_rope",
+    "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer", "MergedLinear",
+    "MLAAttention", "QKVLinear", "RMSNorm", "rope_cos_sin_table", "rope_parameters_of", "rope_theta_of",
+    "RotaryEmbedding", "SiluAndMul", "softmax_topk", "VocabEmbedding", "yarn_get_mscale", "yarn_softmax_scale",
 ]
