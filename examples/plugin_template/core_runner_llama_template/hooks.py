@@ -1,6 +1,7 @@
 """Entry-point module: registers LlamaForCausalLM. Imports no torch and no model code,
 so listing plugins stays cheap (the conformance suite checks this, CR-REG-02/03)."""
 from core_runner.sdk import hookimpl
+from core_runner_llama_template.examples import LLAMA_3_2_1B
 
 # Tiny configs for the conformance suite: it builds transformers.LlamaForCausalLM from
 # each one with random weights and checks this plugin against it.
@@ -27,6 +28,7 @@ def register_models(registry):
         reference="transformers:LlamaForCausalLM",
         examples=[
             {"name": "tiny-gqa", "config": dict(TINY)},
+            {"name": "llama-3.2-1b-shape", "config": LLAMA_3_2_1B},
             {"name": "tiny-bias-tied", "config": {**TINY, "num_key_value_heads": 4, "attention_bias": True,
                                                   "mlp_bias": True, "tie_word_embeddings": True}},
             # Llama 3.x scale RoPE by frequency band ('llama3'); get_rope reads any rope type

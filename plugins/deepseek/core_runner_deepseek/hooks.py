@@ -1,5 +1,6 @@
 """Entry point module: registers the DeepSeek architectures. Imports no torch."""
 from core_runner.sdk import hookimpl
+from core_runner_deepseek.examples import DEEPSEEK_V2_LITE, DEEPSEEK_V3
 
 CAPABILITIES = {
     "chunked_prefill": "supported",
@@ -35,6 +36,7 @@ def register_models(registry):
         reference="transformers:DeepseekV2ForCausalLM",
         examples=[
             {"name": "tiny-greedy-qlora", "config": TINY_V2},
+            {"name": "deepseek-v2-lite-shape", "config": DEEPSEEK_V2_LITE},
             {"name": "tiny-group-limited", "config": {**TINY_V2, "topk_method": "group_limited_greedy",
                                                       "n_group": 4, "topk_group": 2, "q_lora_rank": None,
                                                       "routed_scaling_factor": 1.5}},
@@ -46,5 +48,5 @@ def register_models(registry):
         model_state="model_states.default:DefaultModelState",
         capabilities=CAPABILITIES,
         reference="transformers:DeepseekV3ForCausalLM",
-        examples=[{"name": "tiny", "config": TINY_V3}],
+        examples=[{"name": "tiny", "config": TINY_V3}, {"name": "deepseek-v3-fp8-shape", "config": DEEPSEEK_V3}],
     )

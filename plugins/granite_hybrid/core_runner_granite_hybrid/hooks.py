@@ -1,5 +1,6 @@
 """Entry point module: registers GraniteMoeHybridForCausalLM. Imports no torch."""
 from core_runner.sdk import hookimpl
+from core_runner_granite_hybrid.examples import GRANITE_4_0_H_350M, GRANITE_4_0_H_TINY
 
 CAPABILITIES = {
     "chunked_prefill": "supported",
@@ -35,6 +36,8 @@ def register_models(registry):
         capabilities=CAPABILITIES,
         reference="transformers:GraniteMoeHybridForCausalLM",
         examples=[
+            {"name": "granite-4.0-h-350m-shape", "config": GRANITE_4_0_H_350M},
+            {"name": "granite-4.0-h-tiny-shape", "config": GRANITE_4_0_H_TINY},
             {"name": "tiny-dense-nope", "config": {**TINY, "num_local_experts": 0, "position_embedding_type": None}},
             {"name": "tiny-moe-rope", "config": {**TINY, "num_local_experts": 4, "num_experts_per_tok": 2,
                                                  "position_embedding_type": "rope", "tie_word_embeddings": False}},

@@ -1,5 +1,6 @@
 """Entry point module: registers the embedding architectures. Imports no torch."""
 from core_runner.sdk import hookimpl
+from core_runner_pooling.examples import ALL_MINILM_L6_V2, QWEN3_EMBEDDING_0_6B
 
 STATE = "model_states.pooling:PoolingModelState"
 
@@ -43,7 +44,8 @@ def register_models(registry):
         capabilities=BERT_CAPABILITIES,
         reference="transformers:BertModel",
         tasks=("embed",),
-        examples=[{"name": "tiny-bert", "config": TINY_BERT}],
+        examples=[{"name": "tiny-bert", "config": TINY_BERT},
+                  {"name": "all-minilm-l6-v2-shape", "config": ALL_MINILM_L6_V2}],
     )
     registry.add(
         architecture="Qwen3Model",
@@ -52,5 +54,6 @@ def register_models(registry):
         capabilities=QWEN3_EMBED_CAPABILITIES,
         reference="transformers:Qwen3Model",
         tasks=("embed",),
-        examples=[{"name": "tiny-qwen3-embed", "config": TINY_QWEN3}],
+        examples=[{"name": "tiny-qwen3-embed", "config": TINY_QWEN3},
+                  {"name": "qwen3-embedding-0.6b-shape", "config": QWEN3_EMBEDDING_0_6B}],
     )

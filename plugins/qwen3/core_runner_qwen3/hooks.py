@@ -1,5 +1,6 @@
 """Entry point module: registers the Qwen3 architectures. Imports no torch."""
 from core_runner.sdk import hookimpl
+from core_runner_qwen3.examples import QWEN3_0_6B, QWEN3_30B_A3B
 
 CAPABILITIES = {
     "chunked_prefill": "supported",
@@ -35,6 +36,7 @@ def register_models(registry):
         examples=[
             {"name": "tiny-untied", "config": {**TINY, "tie_word_embeddings": False}},
             {"name": "tiny-tied", "config": {**TINY, "tie_word_embeddings": True, "num_key_value_heads": 4}},
+            {"name": "qwen3-0.6b-shape", "config": QWEN3_0_6B},
         ],
     )
     registry.add(
@@ -43,5 +45,5 @@ def register_models(registry):
         model_state="model_states.default:DefaultModelState",
         capabilities=CAPABILITIES,
         reference="transformers:Qwen3MoeForCausalLM",
-        examples=[{"name": "tiny-moe", "config": TINY_MOE}],
+        examples=[{"name": "tiny-moe", "config": TINY_MOE}, {"name": "qwen3-30b-a3b-shape", "config": QWEN3_30B_A3B}],
     )
