@@ -29,8 +29,10 @@ def _variant_ctx(ctx: Ctx, example: Any) -> Ctx:
 
 
 def _names_the_field(err: BaseException, v: Variant) -> bool:
+    """A refusal names the field, or quotes a string value ('gelu_pytorch_tanh'); a number
+    is not enough (a shape mismatch quotes sizes that may equal it)."""
     text = str(err)
-    return v.field.rsplit(".", 1)[-1] in text or (v.value is not None and str(v.value) in text)
+    return v.field.rsplit(".", 1)[-1] in text or (isinstance(v.value, str) and repr(v.value) in text)
 
 
 def _check_variant(ctx: Ctx, v: Variant, probe: list[int]) -> tuple[str, str]:
