@@ -82,7 +82,8 @@ def test_low_precision_measure_ignores_a_shift_and_the_tail():
     assert tol.error(tail, want) < 1e-5
     top = want.clone()
     top[1] = 4.5
-    assert abs(tol.error(top, want) - 0.5) < 0.1
+    # the raised token gains 0.5 minus the normaliser's growth (~0.14 here)
+    assert 0.3 < tol.error(top, want) < 0.5
 
 
 def test_cli_passes_model_and_dtype():
