@@ -21,7 +21,6 @@ from core_runner.conformance.suite import Case, SuiteFile
 from core_runner.plugins import PluginManager
 from core_runner.registry import CAPABILITIES, Registration
 
-
 # the checks a checkpoint run (--model) makes by default: those comparing with the reference
 CHECKPOINT_CHECKS = ("CR-EQ-01", "CR-EQ-02", "CR-EQ-03", "CR-EQ-04")
 
