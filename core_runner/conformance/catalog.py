@@ -104,7 +104,7 @@ CHECKS: tuple[Check, ...] = (
        "does not read is not applicable, one the plugin refuses naming the field is reported as refused."),
     _c("CR-EQ-13", "example", f"{_V}:long_positions",
        "A request whose positions reach the end of max_position_embeddings (raised to 4,096 where the example "
-       "is smaller) gives the reference's logits at its last prefill chunk and decode steps, and its greedy "
+       "is smaller) gives the reference's logits at every prefill chunk end and decode step, and its greedy "
        "tokens."),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
