@@ -181,6 +181,10 @@ def cmd_conformance(a: argparse.Namespace) -> int:
         args += ["--cr-checks", a.checks]
     if a.k:
         args += ["-k", a.k]
+    if a.model:
+        args += ["--cr-model", a.model]
+    if a.dtype:
+        args += ["--cr-dtype", a.dtype]
     return int(pytest.main(args))
 
 
@@ -255,6 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--checks", default=None, help="comma-separated check ids or prefixes, e.g. CR-STATE,CR-EQ-01")
     c.add_argument("-k", default=None, help="pytest -k expression over the generated check names")
     c.add_argument("--machine-examples", type=int, default=12, help="Hypothesis examples for CR-STATE-06")
+    c.add_argument("--model", default=None, metavar="PATH",
+                   help="run the equivalence checks (default CR-EQ-01..04) on this checkpoint directory")
+    c.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="engine dtype for --model (default float32; the reference is float32)")
     c.add_argument("-v", "--verbose", action="store_true")
     c.set_defaults(func=cmd_conformance)
     p = add("plugins", help="list installed plugins, architectures and capabilities, and plugins that failed "

@@ -76,6 +76,7 @@ def test_pyargs_entry_point_runs_and_writes_a_report(tmp_path, capsys):
     assert all(c["outcome"] == "passed" for c in rep["checks"])
     assert rep["versions"]["plugin"]["distribution"] == "core-runner-qwen3"
     assert "core-runner conformance" in out  # the summary section with the capability matrix
+    assert "time per check: " in out and rep["timing_s"]["CR-REG-01"] > 0
 
 
 def test_cli_parser_has_conformance():

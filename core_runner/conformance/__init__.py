@@ -20,16 +20,20 @@ __all__ = ["BY_ID", "CHECKS", "Check", "run_suite"]
 
 def run_suite(plugin: str | None = None, *, module: str | None = None, pm: Any = None,
               checks: Sequence[str] | None = None, json_path: str | None = None, tier: str = "auto",
-              machine_examples: int = 12, pytest_args: Sequence[str] = ("-q",)) -> dict:
+              machine_examples: int = 12, model: str | None = None, dtype: str = "float32",
+              pytest_args: Sequence[str] = ("-q",)) -> dict:
     """Run the suite in this process and return the report (``report["exit_code"]`` is
     pytest's). ``plugin`` names an entry point, or with ``pm`` the name the plugin was
-    registered under in that PluginManager; ``module`` registers a module directly."""
+    registered under in that PluginManager; ``module`` registers a module directly.
+    ``model`` (a checkpoint directory) runs the equivalence checks on it, the engine in
+    ``dtype``."""
     import pytest
 
     from core_runner.conformance.session import ConformanceSession
 
     session = ConformanceSession(plugin, module=module, pm=pm, checks=list(checks) if checks else None,
-                                 json_path=json_path, tier=tier, machine_examples=machine_examples)
+                                 json_path=json_path, tier=tier, machine_examples=machine_examples,
+                                 model=model, dtype=dtype)
     rc = pytest.main(["--pyargs", "core_runner.conformance", "-p", "no:cacheprovider", *pytest_args],
                      plugins=[session])
     report = session.report or {"outcome": "failed", "checks": [], "failing": [f"pytest exited {int(rc)}"]}

@@ -35,7 +35,7 @@ def _c(id: str, scope: str, func: str, statement: str, **kw) -> Check:
 
 
 _R, _S, _E, _B = "checks_registration", "checks_state", "checks_equivalence", "checks_bounds"
-_P = "checks_pooling"
+_P, _V = "checks_pooling", "checks_perturbed"
 
 CHECKS: tuple[Check, ...] = (
     _c("CR-REG-01", "plugin", f"{_R}:fresh_process_load",
@@ -97,6 +97,15 @@ CHECKS: tuple[Check, ...] = (
     _c("CR-EQ-11", "example", f"{_P}:embedding_independent_of_batch_row_and_chunks",
        "A prompt's embedding does not depend on its batch, its row (reused after other requests) or, with "
        "chunked prefill, on how the prompt is split into chunks (within 1e-5).", task="embed"),
+    _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
+       "Every config field the reference reads, moved away from the example's value and the library default "
+       "(rope base, norm eps, head_dim != hidden/heads, fewer KV heads, tied embeddings, biases, activation, "
+       "scales), gives the reference's logits (1e-4) and greedy tokens; a variant the reference rejects or "
+       "does not read is not applicable, one the plugin refuses naming the field is reported as refused."),
+    _c("CR-EQ-13", "example", f"{_V}:long_positions",
+       "A request whose positions reach the end of max_position_embeddings (raised to 4,096 where the example "
+       "is smaller) gives the reference's logits at every prefill chunk end and decode step, and its greedy "
+       "tokens."),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),

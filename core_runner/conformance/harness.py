@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from core_runner.conformance.tolerance import Tolerance
 from core_runner.registry import Registration, import_string
 
 LOGIT_ATOL = 1e-4  # float32 logits against the reference
@@ -286,6 +287,11 @@ class Ctx:
     capability: str | None = None
     metrics: dict = field(default_factory=lambda: {"max_logit_error": None, "first_divergent_token": None,
                                                    "notes": []})
+    reference: Reference | None = None  # set: this reference instead of the session's for the example
+
+    @property
+    def tolerance(self) -> Tolerance:
+        return getattr(self.session, "tolerance", None) or Tolerance()
 
     @property
     def pm(self) -> Any:
@@ -298,6 +304,8 @@ class Ctx:
 
     @property
     def ref(self) -> Reference:
+        if self.reference is not None:
+            return self.reference
         return self.session.reference(self.registration, self.example or self.session.first_example(self.registration))
 
     @property
@@ -311,7 +319,7 @@ class Ctx:
         sized from."""
         from core_runner import LLM
 
-        opts: dict[str, Any] = dict(dtype="float32", device="cpu", max_model_len=self.max_model_len(128),
+        opts: dict[str, Any] = dict(dtype=self.tolerance.dtype, device="cpu", max_model_len=self.max_model_len(128),
                                     max_num_seqs=8, block_size=4, strict=False)
         opts.update(overrides)
         sizes = [opts["max_num_seqs"], opts["max_model_len"], opts["block_size"]]
@@ -330,12 +338,19 @@ class Ctx:
         self.metrics["notes"].append(text)
 
     # ---- comparisons that feed the report ------------------------------------------
-    def logit_error(self, got: torch.Tensor, want: torch.Tensor, where: str, atol: float = LOGIT_ATOL) -> float:
-        err = float((got.float() - want.float()).abs().max())
+    def logit_error(self, got: torch.Tensor, want: torch.Tensor, where: str, atol: float | None = None) -> float:
+        """``atol`` given: an absolute bound on raw logits (0.0: bit-identical); otherwise
+        the run's tolerance (1e-4 in float32, a log-softmax bound in low precision)."""
+        tol = self.tolerance
+        if atol is None and not tol.exact:
+            err, limit, measure = tol.error(got, want), tol.limit, tol.measure
+        else:
+            err = float((got.float() - want.float()).abs().max())
+            limit, measure = (LOGIT_ATOL if atol is None else atol), "logits differ by"
         prev = self.metrics["max_logit_error"]
         self.metrics["max_logit_error"] = err if prev is None else max(prev, err)
-        if not err <= atol:
-            fail(f"{where}: logits differ by {err:.3g} > {atol:g}")
+        if not err <= limit:
+            fail(f"{where}: {measure} {err:.3g} > {limit:g}")
         return err
 
     def expect_tokens(self, got: list[int], want: list[int], where: str) -> None:
@@ -359,7 +374,7 @@ class Ctx:
                 continue
             row = self.ref.logits(list(prompt) + list(got[:k]))[-1]
             gap = float(row[b] - row[a])
-            if gap <= TIE_EPS:
+            if gap <= self.tolerance.tie:
                 self.note(f"{where}: tie at output token {k} (reference gap {gap:.2g}); compared up to it")
                 return
             self._divergence(where, k, a, b, gap)
@@ -376,6 +391,7 @@ class Ctx:
         position. All rows are compared (the report gets the maximum error) before failing."""
         worst: tuple[float, str] = (-1.0, "")
         checked = 0
+        tol = self.tolerance
         for req_id, out in outputs.items():
             seq = list(out.prompt_token_ids) + list(out.token_ids)
             entries = rec.logits_of(req_id)
@@ -383,13 +399,13 @@ class Ctx:
                 fail(f"{req_id}: no logits were recorded")
             ref = self.ref.logits(seq[:-1]) if len(seq) > 1 else self.ref.logits(seq)
             for pos, lg in entries:
-                err = float((lg.float() - ref[pos]).abs().max())
+                err = tol.error(lg, ref[pos])
                 if err > worst[0]:
                     worst = (err, f"{req_id} position {pos}")
                 checked += 1
         prev = self.metrics["max_logit_error"]
         self.metrics["max_logit_error"] = worst[0] if prev is None else max(prev, worst[0])
-        if not worst[0] <= LOGIT_ATOL:
-            fail(f"logits differ from the reference by up to {worst[0]:.3g} > {LOGIT_ATOL:g} (worst: {worst[1]}; "
-                 f"{checked} rows compared)")
+        if not worst[0] <= tol.limit:
+            fail(f"logits differ from the reference: {tol.measure} {worst[0]:.3g} > {tol.limit:g} (worst: "
+                 f"{worst[1]}; {checked} rows compared, engine dtype {tol.dtype})")
         return checked

@@ -26,6 +26,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="cpu: skip GPU checks; gpu: require a GPU and run them; auto: run them when CUDA is present")
     g.addoption("--cr-checks", default=None, metavar="IDS",
                 help="comma-separated check ids or prefixes to run (default: all), e.g. CR-STATE,CR-EQ-01")
+    g.addoption("--cr-model", default=None, metavar="PATH",
+                help="run the equivalence checks on this checkpoint directory (its reference loaded by transformers)")
+    g.addoption("--cr-dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                help="engine dtype for --cr-model (the reference stays float32); tolerances per dtype in the docs")
     g.addoption("--cr-machine-examples", default=12, type=int, metavar="N",
                 help="Hypothesis examples for the random lifecycle state machine (CR-STATE-06)")
 

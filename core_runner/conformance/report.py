@@ -88,6 +88,9 @@ def build_report(session: Any, duration_s: float) -> dict:
     for r in records:
         key = "not run" if (r["outcome"] or "").startswith("not run") else (r["outcome"] or "error")
         summary[key] = summary.get(key, 0) + 1
+    timing: dict[str, float] = {}
+    for r in records:
+        timing[r["id"]] = round(timing.get(r["id"], 0.0) + r["duration_s"], 3)
     failing = [r["name"] for r in records if (r["outcome"] or "error") in FAILING]
     if session.load_error and not any(r["id"] == "CR-REG-01" for r in records):
         failing.append(f"plugin load: {session.load_error}")
@@ -100,6 +103,9 @@ def build_report(session: Any, duration_s: float) -> dict:
         "tier": session.tier,
         "gpu": session.gpu,
         "duration_s": round(duration_s, 2),
+        "timing_s": dict(sorted(timing.items(), key=lambda kv: -kv[1])),  # per check id, all its cases
+        "model": getattr(session, "model", None),
+        "dtype": session.tolerance.dtype if hasattr(session, "tolerance") else "float32",
         "versions": versions(session),
         "architectures": [r.architecture for r in session.registrations],
         "summary": summary,
@@ -117,6 +123,10 @@ def summary_lines(report: dict) -> list[str]:
             mark = "" if c["observed"] not in ("broken", "not refused") and not c["observed"].startswith("passes") \
                 else "   <-- mismatch"
             lines.append(f"    {cap:<18} declared {c['declared']:<12} observed {c['observed']}{mark}")
+    if report.get("model"):
+        lines.append(f"  checkpoint {report['model']} (engine dtype {report['dtype']})")
+    if report.get("timing_s"):
+        lines.append("  time per check: " + ", ".join(f"{k} {v:.1f} s" for k, v in report["timing_s"].items()))
     for name in report["failing"]:
         lines.append(f"  FAILED {name}")
     return lines

@@ -21,15 +21,27 @@ from core_runner.conformance.suite import Case, SuiteFile
 from core_runner.plugins import PluginManager
 from core_runner.registry import CAPABILITIES, Registration
 
+# the checks a checkpoint run (--model) makes by default: those comparing with the reference
+CHECKPOINT_CHECKS = ("CR-EQ-01", "CR-EQ-02", "CR-EQ-03", "CR-EQ-04")
+
 
 class ConformanceSession:
     _cr_session = True  # how plugin.py finds a session however it was registered
 
     def __init__(self, plugin_name: str | None = None, *, module: str | None = None, pm: PluginManager | None = None,
                  checks: list[str] | None = None, json_path: str | None = None, tier: str = "auto",
-                 machine_examples: int = 12) -> None:
+                 machine_examples: int = 12, model: str | None = None, dtype: str = "float32") -> None:
         if not plugin_name and not module:
             raise ValueError("the conformance suite needs a plugin entry-point name or a module")
+        from core_runner.conformance.tolerance import Tolerance
+
+        self.tolerance = Tolerance(dtype)  # validates dtype
+        if dtype != "float32" and not model:
+            raise ValueError(f"dtype {dtype!r} needs a checkpoint (--model PATH): the tiny examples run in float32")
+        self.model = model
+        self.model_architecture: str | None = None
+        if model and not checks:
+            checks = list(CHECKPOINT_CHECKS)
         self.plugin_name = plugin_name or module.rsplit(".", 1)[-1]
         self.module = module
         self.from_module = module is not None or pm is not None
@@ -60,7 +72,8 @@ class ConformanceSession:
         return cls(config.getoption("cr_plugin"), module=config.getoption("cr_module"),
                    checks=[c.strip() for c in checks.split(",") if c.strip()] if checks else None,
                    json_path=config.getoption("cr_json"), tier=config.getoption("cr_tier"),
-                   machine_examples=config.getoption("cr_machine_examples"))
+                   machine_examples=config.getoption("cr_machine_examples"), model=config.getoption("cr_model"),
+                   dtype=config.getoption("cr_dtype"))
 
     # ---- setup --------------------------------------------------------------------
     def configure(self, config: pytest.Config) -> None:
@@ -96,6 +109,10 @@ class ConformanceSession:
             self.registrations = self.pm.registry.by_plugin(self.plugin_name)
             if not self.registrations:
                 raise ValueError(f"plugin {self.plugin_name!r} registered no architecture of its own")
+            if self.model:
+                from core_runner.conformance.checkpoint import checkpoint_architecture
+
+                self.model_architecture = checkpoint_architecture(self.model, self.registrations)
         except Exception as e:  # becomes the failure of CR-REG-01, never a skip
             self.load_error = f"{type(e).__name__}: {e}"
             self.registrations = []
@@ -125,6 +142,10 @@ class ConformanceSession:
                     examples = examples_of(reg)
                 except ValueError:
                     examples = []  # CR-REG-05 reports it
+                if self.model:  # the checkpoint is the one example, of its own architecture
+                    if reg.architecture != self.model_architecture:
+                        continue
+                    examples = [Example("checkpoint", {})]
                 skip = None
                 if check.task is not None and check.task not in reg.tasks:
                     if check.task != "generate":
@@ -154,12 +175,26 @@ class ConformanceSession:
     def reference(self, reg: Registration, example: Example) -> Reference:
         key = (reg.architecture, example.name)
         if key not in self._refs:
-            if self._tmp is None:
-                self._tmp = tempfile.mkdtemp(prefix="core-runner-conformance-")
-            self._refs[key] = Reference(reg, example, Path(self._tmp))
+            if self.model:
+                from core_runner.conformance.checkpoint import CheckpointReference
+
+                self._refs[key] = CheckpointReference(reg, Path(self.model))
+            else:
+                self._refs[key] = Reference(reg, example, self.scratch_dir())
         return self._refs[key]
 
+    def scratch_dir(self) -> Path:
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix="core-runner-conformance-")
+        return Path(self._tmp)
+
+    def scratch_reference(self, reg: Registration, example: Example) -> Reference:
+        """A reference for a derived example (CR-EQ-12/13), not kept: variants are many."""
+        return Reference(reg, example, self.scratch_dir())
+
     def first_example(self, reg: Registration) -> Example:
+        if self.model:
+            return Example("checkpoint", {})
         return examples_of(reg)[0]
 
     def forcing_pm(self, reg: Registration, capability: str) -> PluginManager:
@@ -229,8 +264,9 @@ class ConformanceSession:
             rec["max_logit_error"] = m["max_logit_error"]
             rec["first_divergent_token"] = m["first_divergent_token"]
             rec["notes"] = list(m["notes"])
-            if "options" in m:
-                rec["options"] = m["options"]
+            for key in ("options", "variants"):
+                if key in m:
+                    rec[key] = m[key]
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         from core_runner.conformance.report import build_report

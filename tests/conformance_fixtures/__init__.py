@@ -1,4 +1,4 @@
-"""Deliberately broken plugin variants. Each registers LlamaForCausalLM (the model of
+"""Deliberately broken plugin variants. Most register LlamaForCausalLM (the model of
 examples/plugin_template) with one bug, and tests/test_conformance_fixtures.py checks
 that the conformance suite reports it under the right check id. ``offsets.py`` holds
 the models and states they share; the correct state (``good_offsets``) passes the
@@ -13,6 +13,7 @@ TINY = dict(
 LLAMA = "core_runner_llama_template.model:LlamaForCausalLM"
 DEFAULT_STATE = "model_states.default:DefaultModelState"
 OFFSETS = "conformance_fixtures.offsets:"
+QWEN3_BUGS = "conformance_fixtures.qwen3_bugs:"  # the Qwen3 plugin's model with planted bugs
 
 
 def register(registry, model: str, model_state: str, **capabilities: str) -> None:
@@ -20,4 +21,15 @@ def register(registry, model: str, model_state: str, **capabilities: str) -> Non
     registry.add(
         architecture="LlamaForCausalLM", model=model, model_state=model_state, capabilities=caps,
         reference="transformers:LlamaForCausalLM", examples=[{"name": "tiny", "config": dict(TINY)}],
+    )
+
+
+def register_qwen3(registry, model: str) -> None:
+    """Qwen3ForCausalLM as the Qwen3 plugin registers it, with one tiny example, built by ``model``."""
+    from core_runner_qwen3.hooks import CAPABILITIES, TINY
+
+    registry.add(
+        architecture="Qwen3ForCausalLM", model=model, model_state=DEFAULT_STATE, capabilities=CAPABILITIES,
+        reference="transformers:Qwen3ForCausalLM",
+        examples=[{"name": "tiny", "config": {**TINY, "tie_word_embeddings": False}}],
     )

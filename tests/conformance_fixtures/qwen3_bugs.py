@@ -1,0 +1,53 @@
+"""The Qwen3 plugin's model with one planted bug each, of the kind the registered examples
+hide (they keep rope_theta at 10,000, head_dim at hidden / heads and positions below
+512): CR-EQ-12 and CR-EQ-13 must find them."""
+from __future__ import annotations
+
+import copy
+
+import torch
+from core_runner_qwen3.model import Qwen3ForCausalLM
+
+from core_runner.layers import RotaryEmbedding, rope_theta_of
+
+
+def _attentions(model: Qwen3ForCausalLM) -> list:
+    return [layer.self_attn for layer in model.model.layers]
+
+
+class HardcodedTheta(Qwen3ForCausalLM):
+    """Builds every rotary table with base 10,000, whatever the config says."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        for attn in _attentions(self):
+            attn.rotary_emb = RotaryEmbedding(attn.head_dim, attn.head_dim, config.max_position_embeddings, 10000.0)
+
+
+class HeadDimFromHidden(Qwen3ForCausalLM):
+    """Takes head_dim as hidden_size / num_attention_heads, ignoring the config's head_dim."""
+
+    def __init__(self, config) -> None:
+        config = copy.deepcopy(config)
+        config.head_dim = config.hidden_size // config.num_attention_heads
+        super().__init__(config)
+
+
+class CutRotary(RotaryEmbedding):
+    """A table of at most 2,048 positions, read without a bounds check (later positions
+    get the last row, as an unchecked gather on a GPU would give some row)."""
+
+    def __init__(self, head_size: int, rotary_dim: int, max_position: int, base: float) -> None:
+        super().__init__(head_size, rotary_dim, min(max_position, 2048), base)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        return super().forward(positions.clamp(max=self.cos_sin.shape[0] - 1), q, k)
+
+
+class RopeCutAt2048(Qwen3ForCausalLM):
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        for attn in _attentions(self):
+            attn.rotary_emb = CutRotary(attn.head_dim, attn.head_dim, config.max_position_embeddings,
+                                        rope_theta_of(config))
+
