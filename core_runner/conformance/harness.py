@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import torch
 
+from core_runner.conformance.quantized import fp8_block_size, write_fp8_checkpoint
 from core_runner.conformance.tolerance import Tolerance
 from core_runner.registry import Registration, import_string
 
@@ -113,6 +114,9 @@ class Reference:
         cfg = json.loads(cfg_file.read_text())
         cfg["architectures"] = [reg.architecture]  # the engine picks the plugin by this name
         cfg_file.write_text(json.dumps(cfg, indent=2))
+        block = fp8_block_size(example.config)
+        if block is not None:
+            model = write_fp8_checkpoint(self.path, cls, block)
         self.model = model
         self.registration = reg
         self.example = example
