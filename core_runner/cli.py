@@ -12,7 +12,8 @@ from typing import Sequence
 
 # engine flags whose default (None) means "as LLM() chooses"; forwarded only when given
 _ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                 "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config")
+                 "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config", "revision",
+                 "tokenizer_revision")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -42,6 +43,8 @@ def _version() -> str:
 
 def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="HF checkpoint directory (default: the built-in demo)")
+    p.add_argument("--revision", default=None, help="a hub model id's branch, tag or commit (default: main)")
+    p.add_argument("--tokenizer-revision", default=None, help="(default: --revision)")
     p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (default: auto, cuda when present)")
     p.add_argument("--dtype", default=None, choices=["auto", "float32", "float16", "bfloat16"],
                    help="(default: auto, the checkpoint's dtype on a GPU, float32 on the CPU)")

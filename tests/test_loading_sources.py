@@ -4,6 +4,7 @@ architectures) and corrupt JSON files named in errors."""
 from __future__ import annotations
 
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -180,3 +181,15 @@ def test_tokenizer_that_does_not_load_names_the_directory(ckpt):
     (ckpt / "tokenizer.json").write_text('{"model": {"type": "NoSuchModel"}}')
     with pytest.raises(CheckpointError, match=rf"{ckpt}: the tokenizer \(tokenizer\.json\) could not be loaded"):
         load_tokenizer(ckpt)
+
+
+def test_cli_takes_a_model_id_at_a_revision(hub, capsys):
+    """`core-runner generate --model org/tiny --revision v2` resolves through the hub cache."""
+    from core_runner.cli import main
+
+    args = ["generate", "--model", "org/tiny", "--revision", "v2", "--device", "cpu", "--dtype", "float32",
+            "--max-model-len", "32", "--num-kv-blocks", "16", "--max-tokens", "2", "--json", "hello world"]
+    assert main(args) == 0
+    assert len(json.loads(capsys.readouterr().out.strip())["token_ids"]) <= 2
+    assert main(args[:4] + ["no-such-rev"] + args[5:]) != 0
+    assert "revision 'no-such-rev') is not in the Hugging Face cache" in capsys.readouterr().err
