@@ -109,7 +109,7 @@ def cmd_embed(a: argparse.Namespace) -> int:
     params = PoolingParams(pooling_type=a.pooling_type, normalize=not a.no_normalize,
                            truncate_prompt_tokens=a.truncate)
     outs = llm.embed(a.prompts, params)
-    vecs = torch.stack([o.embedding for o in outs])
+    vecs = torch.stack([o.outputs.data for o in outs])
     if a.similarity:
         unit = torch.nn.functional.normalize(vecs, dim=-1)
         sim = (unit @ unit.T).tolist()
@@ -120,7 +120,7 @@ def cmd_embed(a: argparse.Namespace) -> int:
             print(f"[{i}] " + " ".join(f"{v:7.4f}" for v in row) + f"  {prompt!r}")
         return 0
     for prompt, out in zip(a.prompts, outs):
-        e = out.embedding
+        e = out.outputs.data
         if a.json:
             print(json.dumps({"prompt": prompt, "embedding": e.tolist(), "num_tokens": len(out.prompt_token_ids)}))
             continue

@@ -114,6 +114,10 @@ class EngineConfig:
     branch, tag or commit) picks the id's version, ``tokenizer_revision`` the tokenizer's
     (default: ``revision`` when the tokenizer comes from the model). Both are errors for a
     local directory.
+    ``tensor_parallel_size`` / ``pipeline_parallel_size`` keep vLLM's names; only 1 is
+    implemented, a larger value is refused. ``trust_remote_code`` exists so that vLLM
+    scripts passing False run unchanged; True is refused, since core-runner never runs
+    a checkpoint's own Python code (a model family is a plugin).
     """
 
     model: str
@@ -138,6 +142,9 @@ class EngineConfig:
     revision: str | None = None
     tokenizer_revision: str | None = None
     generation_config: str = "auto"
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -185,6 +192,15 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
                 raise bad(name, v, "expected None (the default branch) or a branch, tag or commit name")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v != 1:
+                raise bad(name, v, "only 1 is supported: core-runner runs a model on one device (no "
+                          f"{name.split('_')[0]} parallelism yet)")
+        if self.trust_remote_code is not False:
+            raise bad("trust_remote_code", self.trust_remote_code,
+                      "expected False: core-runner never runs a checkpoint's own code; its architecture needs a "
+                      "plugin (core-runner plugins lists them)")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
 

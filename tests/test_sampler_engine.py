@@ -9,6 +9,7 @@ import torch
 from helpers import Recorder, drain, hf_greedy, hf_logits, make_engine, random_prompts, run, step_until
 
 from core_runner import LLM, SamplingParams
+from core_runner.engine.outputs import Logprob
 
 N_NEW = 8
 FULL = dict(temperature=0.9, top_k=40, top_p=0.85, min_p=0.02, repetition_penalty=1.3, frequency_penalty=0.4,
@@ -27,7 +28,10 @@ def _check_entry(entry: dict, token: int, logits: torch.Tensor, k: int, atol: fl
     top = set(entry) if len(entry) == k else set(entry) - {token}
     assert top == set(logits.topk(k).indices.tolist())
     for t, lp in entry.items():
-        assert abs(lp - float(ref[t])) <= atol, f"token {t}: {lp} vs log_softmax {float(ref[t])}"
+        assert isinstance(lp, Logprob)
+        assert abs(lp.logprob - float(ref[t])) <= atol, f"token {t}: {lp} vs log_softmax {float(ref[t])}"
+        if t != token or len(entry) == k:  # a top-k token: 1 + the tokens with a larger logit
+            assert lp.rank == 1 + int((logits > logits[t]).sum()), (t, lp)
 
 
 # ---------------------------------------------------------------------------------
@@ -43,18 +47,22 @@ def test_logprobs_equal_log_softmax_of_recorded_logits(untied):
         ("none", prompts[2], full_params()),
         ("k5", prompts[2], SamplingParams(max_tokens=N_NEW, temperature=1.0, seed=4, logprobs=5, ignore_eos=True)),
     ])
-    assert outs["none"].logprobs is None and outs["none"].logprob_ranks is None
+    assert outs["none"].outputs[0].logprobs is None
+    ranks = {}
     for rid, k in (("k0", 0), ("k3", 3), ("k5", 5)):
-        o = outs[rid]
-        logits = rec.sampling_logits(rid, len(o.prompt_token_ids))
-        assert len(o.logprobs) == len(o.token_ids) == len(logits) == len(o.logprob_ranks)
-        for tok, entry, rank, lg in zip(o.token_ids, o.logprobs, o.logprob_ranks, logits):
+        o = outs[rid].outputs[0]
+        logits = rec.sampling_logits(rid, len(outs[rid].prompt_token_ids))
+        assert len(o.logprobs) == len(o.token_ids) == len(logits)
+        ranks[rid] = [entry[tok].rank for tok, entry in zip(o.token_ids, o.logprobs)]
+        for tok, entry, rank, lg in zip(o.token_ids, o.logprobs, ranks[rid], logits):
             _check_entry(entry, tok, lg, k)
             assert rank == 1 + int((lg > lg[tok]).sum())
-        assert o.cumulative_logprob == pytest.approx(sum(d[t] for d, t in zip(o.logprobs, o.token_ids)))
+            # the token's text where the checkpoint has a tokenizer
+            assert all((lp.decoded_token is None) == (e.tokenizer is None) for lp in entry.values())
+        assert o.cumulative_logprob == pytest.approx(sum(d[t].logprob for d, t in zip(o.logprobs, o.token_ids)))
     # raw logprobs: the sampled tokens of the penalised, cut request are often not rank 1
-    assert max(outs["k3"].logprob_ranks) > 1
-    assert outs["k0"].logprob_ranks == [1] * N_NEW  # greedy without penalties
+    assert max(ranks["k3"]) > 1
+    assert ranks["k0"] == [1] * N_NEW  # greedy without penalties
 
 
 def test_logprobs_beyond_max_rejected_at_request_time(untied):
@@ -238,8 +246,8 @@ def test_seeded_full_pipeline_reproducible_everywhere(untied):
         outs = run(e, reqs)
         assert outs["T"].token_ids == alone.token_ids, name
         assert set(rec.rows_of("T")) != {0}, f"{name}: T should not sit in the lone run's row"
-        for a, b in zip(outs["T"].logprobs, alone.logprobs):
-            assert a.keys() == b.keys() and all(abs(a[t] - b[t]) < 1e-5 for t in a)
+        for a, b in zip(outs["T"].outputs[0].logprobs, alone.outputs[0].logprobs):
+            assert a.keys() == b.keys() and all(abs(a[t].logprob - b[t].logprob) < 1e-5 for t in a)
         if name == "preempted":
             assert outs["T"].num_preemptions > 0
 

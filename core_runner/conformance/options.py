@@ -475,3 +475,28 @@ def _tokenizer_revision(ctx: Ctx) -> str:
             fail(f"tokenizer_revision='cr-probe' gave a tokenizer encoding 'hello core runner' as {ids} (expected "
                  f"[4, 6, 7]) and EOS ids {e.eos_token_ids} (the model must stay at main)")
     return "picks the tokenizer's snapshot of a model id, the model staying at its revision; " + text
+
+
+def _one_only(ctx: Ctx, name: str) -> str:
+    e = ctx.engine(**{name: 1})
+    out = run(e, [("a", ctx.ref.prompts([4], seed=2)[0], greedy(2))])["a"]
+    if len(out.token_ids) != 2:
+        fail(f"{name}=1 (vLLM's default) did not generate")
+    return f"1 runs on one device; {_rejects(ctx, f'{name}=2 (not implemented)', **{name: 2})}"
+
+
+@probe("tensor_parallel_size")
+def _tensor_parallel_size(ctx: Ctx) -> str:
+    return _one_only(ctx, "tensor_parallel_size")
+
+
+@probe("pipeline_parallel_size")
+def _pipeline_parallel_size(ctx: Ctx) -> str:
+    return _one_only(ctx, "pipeline_parallel_size")
+
+
+@probe("trust_remote_code")
+def _trust_remote_code(ctx: Ctx) -> str:
+    ctx.engine(trust_remote_code=False)
+    return "False is accepted (vLLM's default); " + _rejects(
+        ctx, "trust_remote_code=True (a checkpoint's code never runs)", trust_remote_code=True)

@@ -12,8 +12,11 @@ from typing import Any
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True) -> None:
+    def __init__(
+        self, tokenizer: Any, stop: list[str], skip_special_tokens: bool = True, include_stop_str: bool = False,
+    ) -> None:
         self.tokenizer = tokenizer
+        self.include_stop_str = include_stop_str
         self.stop = list(stop)
         self.skip = skip_special_tokens
         self.ids: list[int] = []
@@ -27,7 +30,7 @@ class IncrementalDetokenizer:
 
     def append(self, token: int, check_stop: bool = True) -> str | None:
         """Add one token; returns the stop string it completed (the text is then cut
-        just before it), or None. ``check_stop=False`` before min_tokens is reached."""
+        just before it, or just after it with ``include_stop_str``), or None. ``check_stop=False`` before min_tokens is reached."""
         self.ids.append(token)
         before = self._decode(self.ids[self._prefix: self._read])
         after = self._decode(self.ids[self._prefix:])
@@ -47,5 +50,5 @@ class IncrementalDetokenizer:
                 best = (at, s)
         if best is None:
             return None
-        self.text = self.text[: best[0]]
+        self.text = self.text[: best[0] + (len(best[1]) if self.include_stop_str else 0)]
         return best[1]

@@ -7,16 +7,28 @@ a server share one path and nothing is validated twice.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from core_runner.config import EngineConfig
 from core_runner.engine.request import Request
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int]
+# vLLM's prompt forms: text, token ids, TextPrompt {"prompt": str} or TokensPrompt
+# {"prompt_token_ids": [...]}
+Prompt = str | Sequence[int] | Mapping[str, Any]
+
+
+def prompt_text(prompt: Prompt) -> str | None:
+    """The prompt's text when it was given as text (RequestOutput.prompt), else None."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Mapping) and isinstance(prompt.get("prompt"), str):
+        return prompt["prompt"]
+    return None
 
 
 class InputProcessor:
@@ -37,6 +49,9 @@ class InputProcessor:
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
 
+    def next_request_id(self) -> str:
+        return str(next(self._ids))
+
     # ---- one request --------------------------------------------------------------
     def process(
         self, prompt: Prompt, params: SamplingParams | None = None, req_id: str | None = None,
@@ -56,26 +71,47 @@ class InputProcessor:
             self.validate_params(params)
             ids = self.tokenize(prompt)
             self.validate_prompt(ids)
+            if params.max_tokens is None:  # vLLM: until max_model_len
+                params = dataclasses.replace(params, max_tokens=self.config.max_model_len - len(ids))
         seed = params.seed if params is not None and params.seed is not None else self._seed_rng.getrandbits(63)
         return Request(
-            req_id=req_id if req_id is not None else str(next(self._ids)), prompt_token_ids=ids,
+            req_id=req_id if req_id is not None else self.next_request_id(), prompt_token_ids=ids,
             sampling_params=params, seed=seed, eos_token_ids=self.eos_token_ids, pooling_params=pooling_params,
+            prompt=prompt_text(prompt),
         )
 
     # ---- prompts ------------------------------------------------------------------
     def tokenize(self, prompt: Prompt, truncate: int | None = None) -> list[int]:
         """Token ids of a prompt; ``truncate`` cuts a text prompt with the tokenizer's own
         truncation (special tokens kept)."""
+        if isinstance(prompt, Mapping):
+            prompt = self._unwrap(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
             if truncate is not None:
                 return list(self.tokenizer.encode(prompt, truncation=True, max_length=truncate))
             return list(self.tokenizer.encode(prompt))
+        if not isinstance(prompt, Sequence):
+            raise TypeError(f"a prompt is a str, a list of token ids, {{'prompt': str}} or "
+                            f"{{'prompt_token_ids': [...]}}, not {type(prompt).__name__}")
         ids = list(prompt)
         if any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
             raise ValueError("a token-id prompt must be a list of ints")
         return ids
+
+    @staticmethod
+    def _unwrap(prompt: Mapping[str, Any]) -> str | Sequence[int]:
+        """A TokensPrompt's ids (it may also carry the text they came from), else a TextPrompt's text."""
+        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
+        if unknown:
+            raise ValueError(f"prompt dict has keys {unknown}: expected 'prompt' (text) or 'prompt_token_ids'")
+        if "prompt_token_ids" in prompt:
+            return prompt["prompt_token_ids"]
+        if not isinstance(prompt.get("prompt"), str):
+            raise ValueError(f"prompt dict {dict(prompt)!r} needs 'prompt' (a str) or 'prompt_token_ids' (a list of "
+                             "ints)")
+        return prompt["prompt"]
 
     def _check_ids(self, ids: list[int]) -> None:
         if not ids:
@@ -100,6 +136,9 @@ class InputProcessor:
             raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
         if "generate" not in self.tasks:
             raise ValueError(f"{self.architecture} supports tasks {self.tasks}, not 'generate'")
+        if params.n != 1:
+            raise ValueError(f"SamplingParams.n={params.n} is invalid here: one engine request is one sample; "
+                             "LLM.generate fans n > 1 out into n requests")
         limit = self.config.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(params, name)
@@ -138,6 +177,8 @@ class InputProcessor:
 
     def pooling_prompt(self, prompt: Prompt, pp: PoolingParams) -> list[int]:
         """Token ids of a pooling prompt, truncated (text) and validated."""
+        if isinstance(prompt, Mapping):
+            prompt = self._unwrap(prompt)
         limit = self.pooling_prompt_limit()
         k = pp.truncate_prompt_tokens
         k = limit if k == -1 else k

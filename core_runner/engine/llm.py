@@ -1,10 +1,11 @@
 """LLM: the public offline API (vLLM-style)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from tqdm.auto import tqdm
@@ -12,13 +13,12 @@ from tqdm.auto import tqdm
 from core_runner.config import EngineConfig
 from core_runner.engine.defaults import MemoryProbe
 from core_runner.engine.llm_engine import LLMEngine
-from core_runner.engine.outputs import RequestOutput
+from core_runner.engine.input_processor import Prompt
+from core_runner.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from core_runner.engine.request import Request
 from core_runner.plugins import PluginManager
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
-
-Prompt = str | Sequence[int]
 
 
 class LLM:
@@ -60,15 +60,16 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         *,
-        use_tqdm: bool = False,
+        use_tqdm: bool = True,
     ) -> list[RequestOutput]:
-        """Outputs in prompt order. Without ``sampling_params`` every prompt gets
+        """One RequestOutput per prompt, in prompt order; ``outputs`` holds
+        ``SamplingParams.n`` samples (run as n requests, seeded ``seed + i`` when seeded).
+        A prompt is a str, a list of token ids, ``{"prompt": str}`` or
+        ``{"prompt_token_ids": [...]}``. Without ``sampling_params`` every prompt gets
         ``get_default_sampling_params()``. Every prompt is validated before any runs: a bad
         one raises ValueError naming its index, and nothing is left queued."""
         self._require_task("generate", "generate")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _as_prompt_list(prompts)
         if sampling_params is None:
             params = [self.get_default_sampling_params()] * len(prompts)
         elif isinstance(sampling_params, SamplingParams):
@@ -79,25 +80,57 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, params[i]))
-        ids = [self.engine.add_processed(r) for r in reqs]
-        return self._run(ids, use_tqdm)
+        groups = self._process(prompts, lambda p, i: self._fan_out(p, params[i]))
+        for group in groups:
+            for r in group:
+                self.engine.add_processed(r)
+        return self._run(groups, use_tqdm)
+
+    def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation (a list of ``{"role", "content"}`` messages)
+        or to a list of them, rendered by the tokenizer's chat template (or
+        ``chat_template``, a Jinja string). The rendered text is tokenized without adding
+        special tokens (the template writes them) and is each output's ``prompt``."""
+        self._require_task("generate", "chat")
+        tok = self.tokenizer
+        if tok is None:
+            raise ValueError("LLM.chat() needs a tokenizer, and this checkpoint has none: render the conversation "
+                             "yourself and pass token ids to LLM.generate()")
+        if chat_template is None and not getattr(tok, "chat_template", None):
+            raise ValueError(f"the tokenizer of {self.config.model} has no chat template (none in its "
+                             "tokenizer_config.json): pass chat_template=<a Jinja template string>")
+        convs = [messages] if messages and isinstance(messages[0], Mapping) else list(messages)
+        prompts = []
+        for i, conv in enumerate(convs):
+            try:
+                text = tok.apply_chat_template(list(conv), tokenize=False, chat_template=chat_template,
+                                               add_generation_prompt=add_generation_prompt)
+            except Exception as e:  # jinja's errors are not ValueErrors; name the conversation
+                raise ValueError(f"conversation {i}: the chat template failed: {type(e).__name__}: {e}") from e
+            prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def embed(
         self,
         prompts: Prompt | Sequence[Prompt],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
         *,
-        use_tqdm: bool = False,
-    ) -> list[RequestOutput]:
-        """One vector per prompt, in prompt order: ``outputs[i].embedding`` is a float32 CPU
-        tensor (L2-normalised unless ``PoolingParams(normalize=False)``). Every prompt is
-        validated (and text truncated, if asked) before any runs; a bad one raises
-        ValueError naming its index."""
+        use_tqdm: bool = True,
+    ) -> list[EmbeddingRequestOutput]:
+        """One vector per prompt, in prompt order: ``outs[i].outputs.embedding`` is a list of
+        floats (``outs[i].outputs.data`` the same as a float32 CPU tensor), L2-normalised
+        unless ``PoolingParams(normalize=False)``. Every prompt is validated (and text
+        truncated, if asked) before any runs; a bad one raises ValueError naming its index."""
         self._require_task("embed", "embed")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _as_prompt_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params = [pooling_params or PoolingParams()] * len(prompts)
         else:
@@ -107,16 +140,30 @@ class LLM:
                     f"got {len(params)} PoolingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
         reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
-        ids = [self.engine.add_processed(r) for r in reqs]
-        outs = self._run(ids, use_tqdm)
-        if outs:  # one device-to-host copy for all vectors
-            host = torch.stack([o.embedding for o in outs]).float().cpu()
-            for o, e in zip(outs, host.unbind(0)):
-                o.embedding = e
+        for r in reqs:
+            self.engine.add_processed(r)
+        outs = self._run([[r] for r in reqs], use_tqdm)
+        made = [o.outputs for o in outs if o.outputs is not None]
+        if made:  # one device-to-host copy for all vectors
+            host = torch.stack([m.data for m in made]).float().cpu()
+            for m, e in zip(made, host.unbind(0)):
+                m.data = e
         return outs
 
+    def _fan_out(self, prompt: Prompt, sp: SamplingParams) -> list[Request]:
+        """One request per sample; n > 1 gives children ``"{i}_{parent id}"`` (vLLM's naming)."""
+        ip = self.engine.input_processor
+        if not isinstance(sp, SamplingParams) or sp.n == 1:
+            return [ip.process(prompt, sp)]
+        parent = ip.next_request_id()
+        return [
+            ip.process(prompt, dataclasses.replace(sp, n=1, seed=None if sp.seed is None else (sp.seed + i) % 2**63),
+                       req_id=f"{i}_{parent}")
+            for i in range(sp.n)
+        ]
+
     @staticmethod
-    def _process(prompts: list, make: Callable[[Any, int], Request]) -> list[Request]:
+    def _process(prompts: list, make: Callable[[Any, int], Any]) -> list[Any]:
         """Every prompt validated before any is queued; an error names the prompt's index."""
         reqs = []
         for i, p in enumerate(prompts):
@@ -135,17 +182,46 @@ class LLM:
                 f"supports {self.engine.tasks}{hint}"
             )
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
-        done: dict[str, RequestOutput] = {}
-        bar = tqdm(total=len(ids), disable=not use_tqdm, desc="requests")
-        wanted = set(ids)
+    def _run(self, groups: list[list[Request]], use_tqdm: bool) -> list[Any]:
+        """Step until every group is done; a group of n samples becomes one RequestOutput."""
+        done: dict[str, Any] = {}
+        group_of = {r.req_id: g for g, group in enumerate(groups) for r in group}
+        left = [len(group) for group in groups]
+        bar = tqdm(total=len(groups), disable=not use_tqdm, desc="Processed prompts")
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
-                if out.req_id in wanted:
-                    done[out.req_id] = out
-                    bar.update(1)
+                g = group_of.get(out.request_id)
+                if g is not None:
+                    done[out.request_id] = out
+                    left[g] -= 1
+                    if left[g] == 0:
+                        bar.update(1)
         bar.close()
-        return [done[i] for i in ids]
+        return [_gather([done[r.req_id] for r in group]) for group in groups]
+
+
+def _as_prompt_list(prompts: Any) -> list:
+    """A single prompt (text, token ids or a prompt dict) becomes a list of one."""
+    if isinstance(prompts, (str, Mapping)) or (
+        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+    ):
+        return [prompts]
+    return list(prompts)
+
+
+def _gather(outs: list[Any]) -> Any:
+    """n samples of one prompt as one RequestOutput, ``outputs[i].index`` = i."""
+    if len(outs) == 1:
+        return outs[0]
+    first = outs[0]
+    parent = first.request_id.split("_", 1)[1]
+    completions = [dataclasses.replace(o.outputs[0], index=i) for i, o in enumerate(outs)]
+    times = [o.first_token_time for o in outs if o.first_token_time is not None]
+    return dataclasses.replace(
+        first, request_id=parent, outputs=completions, finished=all(o.finished for o in outs),
+        num_preemptions=sum(o.num_preemptions for o in outs), first_token_time=min(times, default=None),
+        finish_time=max((o.finish_time for o in outs if o.finish_time is not None), default=None),
+    )
 
 
 def _max_positions(model: str | Path) -> int | None:

@@ -44,6 +44,8 @@ class Request:
     logprob_ranks: list[int] | None = None
     # per prompt position (None first), filled chunk by chunk
     prompt_logprobs: list[dict[int, float] | None] | None = None
+    # the prompt's text when it was given as text (RequestOutput.prompt)
+    prompt: str | None = None
 
     def __post_init__(self) -> None:
         sp = self.sampling_params
