@@ -270,7 +270,7 @@ def test_reused_row_forgets_every_setting(untied):
     drain(e, outs)
     z = outs["Z"]
     assert z.token_ids == hf_greedy(untied, z_prompt, 10)
-    assert z.logprobs is None and z.prompt_logprobs is None and z.stop_reason is None
+    assert z.outputs[0].logprobs is None and z.prompt_logprobs is None and z.stop_reason is None
 
 
 @pytest.mark.parametrize("other, cuts", [

@@ -53,13 +53,13 @@ def run_engine_embed(model: str, sentences: list[str], *, device: str, dtype: st
               max_num_batched_tokens=max(max_num_batched_tokens, max_model_len),
               gpu_memory_utilization=gpu_memory_utilization)
     llm.engine.dummy_run(min(batch, 64), llm.config.max_num_batched_tokens)
-    llm.embed(sentences[:batch])  # warm-up through the whole path
+    llm.embed(sentences[:batch], use_tqdm=False)  # warm-up through the whole path
     _sync(device)
     start = time.perf_counter()
-    outs = llm.embed(sentences)
+    outs = llm.embed(sentences, use_tqdm=False)
     _sync(device)
     elapsed = time.perf_counter() - start
-    vecs = torch.stack([o.embedding for o in outs])
+    vecs = torch.stack([o.outputs.data for o in outs])
     tokens = sum(len(o.prompt_token_ids) for o in outs)
     res = {"sentences_per_s": len(sentences) / elapsed, "tokens_per_s": tokens / elapsed, "seconds": elapsed,
            "plan": repr(llm.engine.plan), "max_model_len": llm.config.max_model_len}

@@ -81,7 +81,7 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     # shapes) and a few short requests through the whole path (sampler, graphs)
     eng.dummy_run(min(eng.config.max_num_seqs, 64), eng.config.max_num_batched_tokens)
     llm.generate([p[:16] for p, _, _ in workload[:8]],
-                 SamplingParams(max_tokens=8, ignore_eos=True, temperature=workload[0][2]))
+                 SamplingParams(max_tokens=8, ignore_eos=True, temperature=workload[0][2]), use_tqdm=False)
     if eng.runner.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

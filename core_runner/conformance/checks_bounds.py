@@ -125,7 +125,7 @@ def bad_prompts_rejected_cleanly(ctx: Ctx) -> None:
     for i, p in enumerate(good):
         ctx.expect_greedy(p, outs[f"g{i}"].token_ids, f"g{i} beside rejected prompts", 10)
     llm = ctx.llm(max_model_len=mml)
-    expect_raises(lambda: llm.generate([good[0], long_[0]], greedy(3)), ValueError,
+    expect_raises(lambda: llm.generate([good[0], long_[0]], greedy(3), use_tqdm=False), ValueError,
                   "LLM.generate with one over-length prompt", match="prompt 1")
     if llm.engine.has_unfinished_requests():
         fail("LLM.generate left requests queued after rejecting a prompt")

@@ -29,8 +29,8 @@ def _pool(hidden: torch.Tensor, kind: str) -> torch.Tensor:
 def _embed(llm: Any, prompts: list[list[int]], kind: str | None, normalize: bool) -> list[torch.Tensor]:
     from core_runner import PoolingParams
 
-    outs = llm.embed(prompts, PoolingParams(pooling_type=kind, normalize=normalize))
-    return [o.embedding.float() for o in outs]
+    outs = llm.embed(prompts, PoolingParams(pooling_type=kind, normalize=normalize), use_tqdm=False)
+    return [o.outputs.data.float() for o in outs]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, atol: float, where: str, ctx: Ctx) -> None:
