@@ -30,7 +30,8 @@ class IncrementalDetokenizer:
 
     def append(self, token: int, check_stop: bool = True) -> str | None:
         """Add one token; returns the stop string it completed (the text is then cut
-        just before it, or just after it with ``include_stop_str``), or None. ``check_stop=False`` before min_tokens is reached."""
+        just before it, or just after it with ``include_stop_str``), or None.
+        ``check_stop=False`` before min_tokens is reached."""
         self.ids.append(token)
         before = self._decode(self.ids[self._prefix: self._read])
         after = self._decode(self.ids[self._prefix:])

@@ -12,8 +12,8 @@ from tqdm.auto import tqdm
 
 from core_runner.config import EngineConfig
 from core_runner.engine.defaults import MemoryProbe
-from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.input_processor import Prompt
+from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from core_runner.engine.request import Request
 from core_runner.plugins import PluginManager
