@@ -31,7 +31,7 @@ def llm(tiny_ckpt):
     ({"temperature": -0.5}, r"temperature=-0.5 is invalid: expected a number >= 0"),
     ({"top_p": 0.0}, r"top_p=0.0 is invalid: expected a number in \(0, 1\]"),
     ({"top_p": 1.5}, r"top_p=1.5 is invalid"),
-    ({"top_k": 0}, r"top_k=0 is invalid: expected -1 \(disabled\) or an integer >= 1"),
+    ({"top_k": -2}, r"top_k=-2 is invalid: expected 0 or -1 \(disabled\) or an integer >= 1"),
     ({"max_tokens": 0}, r"max_tokens=0 is invalid"),
     ({"seed": -1}, r"seed=-1 is invalid"),
     ({"stop_token_ids": [-3]}, r"stop_token_ids"),

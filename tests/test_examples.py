@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +19,9 @@ def test_offline_generate_example(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     lines = [l for l in out.stdout.splitlines() if "->" in l]
-    assert len(lines) == 3 and "seed 7" in lines[1]
+    # four prompts, the last with n=3: one line per sample, indexed within its prompt
+    assert len(lines) == 6 and [re.search(r" \[(\d+)\] -> ", l).group(1) for l in lines[-3:]] == ["0", "1", "2"]
+    assert "'In the city of'" in lines[1] and "top logprobs" in out.stdout
 
 
 def test_cli_generate_with_no_arguments(tmp_path):
