@@ -149,6 +149,7 @@ class AsyncLLM:
         self._ids = 0
         self._flush = False
         self._closed = False
+        self.num_aborted = 0  # requests ended by abort (by id, disconnect, timeout)
         self._thread = threading.Thread(target=self._run, name="core-runner-engine", daemon=True)
         self._thread.start()
 
@@ -304,6 +305,7 @@ class AsyncLLM:
         if rid in self._tracked:
             self.engine.abort_request(rid)
             self._flush = True
+            self.num_aborted += 1
             self._end(rid, "abort")
 
     def _end(self, rid: str, reason: str) -> None:
