@@ -312,3 +312,19 @@ def test_embeddings_equal_offline_embed():
         assert "generate" in e.value.body["message"]
     finally:
         s.stop()
+
+
+# ---- CLI ---------------------------------------------------------------------------
+def test_cli_serve_builds_the_engine_and_passes_the_flags(chat_ckpt, monkeypatch):
+    from core_runner import cli
+    from core_runner.entrypoints.openai import api_server
+
+    seen = {}
+    monkeypatch.setattr(api_server, "serve", lambda engine, **kw: seen.update(kw, engine=engine))
+    argv = ["serve", chat_ckpt, "--port", "8123", "--api-key", "k", "--served-model-name", "tiny", "--device", "cpu",
+            "--dtype", "float32", "--num-kv-blocks", "64", "--max-model-len", "128"]
+    assert cli.main(argv) == 0
+    assert seen["port"] == 8123 and seen["host"] == "127.0.0.1" and seen["api_key"] == "k"
+    assert seen["served_model_name"] == "tiny" and seen["max_body_bytes"] == 1 << 20
+    assert seen["engine"].config.model == chat_ckpt
+    assert cli.main(["serve", chat_ckpt, "--model", "/elsewhere"]) == 2  # two different models

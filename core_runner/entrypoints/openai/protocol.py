@@ -169,8 +169,7 @@ def completion_prompts(body: dict) -> list[str | list[int]]:
         raise bad
     if all(_is_int(t) for t in p):
         return [p]
-    if all(isinstance(x, str) for x in p) or all(isinstance(x, list) and x and all(_is_int(t) for t in x)
-                                                 for x in p):
+    if all(isinstance(x, str) or (isinstance(x, list) and x and all(_is_int(t) for t in x)) for x in p):
         return list(p)
     raise bad
 
