@@ -328,3 +328,15 @@ def test_cli_serve_builds_the_engine_and_passes_the_flags(chat_ckpt, monkeypatch
     assert seen["served_model_name"] == "tiny" and seen["max_body_bytes"] == 1 << 20
     assert seen["engine"].config.model == chat_ckpt
     assert cli.main(["serve", chat_ckpt, "--model", "/elsewhere"]) == 2  # two different models
+
+
+def test_streamed_text_never_shows_a_stop_string(client, offline):
+    full, _ = _offline_text(offline, "Once upon a time", **SEEDED)
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    assert stop.strip(), f"pick another seed: {full!r}"
+    want, reason = _offline_text(offline, "Once upon a time", stop=[stop], **SEEDED)
+    assert reason == "stop" and stop not in want
+    chunks = list(client.completions.create(model="demo", prompt="Once upon a time", stream=True, stop=stop,
+                                            **SEEDED))
+    assert "".join(c.choices[0].text for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].choices[0].model_extra["stop_reason"] == stop
