@@ -1,4 +1,4 @@
-"""``core-runner`` command line: generate | embed | bench | plugins | conformance.
+"""``core-runner`` command line: generate | embed | serve | bench | plugins | conformance.
 
 Engine options left out take the same defaults as ``LLM()`` (from the model and the device)."""
 from __future__ import annotations
@@ -131,6 +131,24 @@ def cmd_embed(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(a: argparse.Namespace) -> int:
+    from core_runner import LLM
+    from core_runner.entrypoints.openai.api_server import serve
+
+    if a.model_arg is not None and a.model is not None and a.model_arg != a.model:
+        raise ValueError(f"two models given: {a.model_arg!r} and --model {a.model!r}; give one")
+    model = a.model_arg or a.model
+    if model is None:
+        from core_runner.demo import demo_checkpoint
+
+        model = demo_checkpoint()
+        print(f"# no model given: serving the built-in demo checkpoint {model} (random weights)", file=sys.stderr)
+    llm = LLM(model, **_engine_options(a))
+    serve(llm.engine, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
+          max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout)
+    return 0
+
+
 def cmd_plugins(a: argparse.Namespace) -> int:
     from core_runner.plugins import load_plugins
 
@@ -222,6 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--show", type=int, default=8, help="vector entries to print (default 8)")
     e.add_argument("--json", action="store_true", help="one JSON object per prompt (or one for --similarity)")
     e.set_defaults(func=cmd_embed)
+    s = add("serve", help="serve the model over an OpenAI-compatible HTTP API")
+    _add_engine_args(s)
+    s.add_argument("model_arg", nargs="?", default=None, metavar="MODEL",
+                   help="checkpoint (same as --model; default: the built-in demo)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
+    s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its path)")
+    s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
+    s.add_argument("--request-timeout", type=float, default=None,
+                   help="abort a request running longer than this many seconds (default: no limit)")
+    s.set_defaults(func=cmd_serve)
     b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8)")
     b.add_argument("--model", default=None, help="checkpoint (default: random Qwen3-0.6B-shaped bf16)")
     b.add_argument("--workload", nargs="+", default=["W1", "W2"], choices=["W1", "W2"])

@@ -1,0 +1,407 @@
+"""AsyncLLM: the engine behind an asyncio front end (the OpenAI server).
+
+Threading model: the LLMEngine is not thread-safe, so exactly one thread, the *engine
+thread*, ever touches it after construction. asyncio callers never call the engine;
+they put commands (add a request, abort one, run a function) on a queue that the engine
+thread drains before each step. The engine thread steps while requests exist and sleeps
+on the queue when none do. After each step it reads every tracked request's new tokens
+and hands a ``Delta`` to the caller's event loop with ``call_soon_threadsafe``; the
+caller's ``generate`` async iterator yields them.
+
+Per-step tokens come from the live ``Request`` objects: the InputProcessor's Request is
+the one the scheduler appends sampled tokens to, so after ``step()`` the tokens a
+request gained are ``req.output_token_ids[already_sent:]``. No engine file is changed;
+the finished requests still come from ``step()``'s outputs (whose fields are read by
+``final_fields`` alone).
+
+Prompt validation (``input_processor.process``) runs on the caller's thread, so a bad
+request raises in ``generate`` before anything is queued; the engine thread never uses
+the InputProcessor.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence
+
+from core_runner.engine.detokenizer import IncrementalDetokenizer
+from core_runner.engine.llm_engine import LLMEngine
+from core_runner.engine.request import Request
+from core_runner.pooling_params import PoolingParams
+from core_runner.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+try:  # tokenizers >= 0.21
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # pragma: no cover - older tokenizers: the engine's own detokenizer
+    DecodeStream = None
+
+
+@dataclass(slots=True)
+class Delta:
+    """What one step added to a request. ``text`` and ``token_ids`` are new since the
+    previous delta; the final delta (``finished``) carries the rest, with
+    ``finish_reason`` ("stop", "length", "abort", "error", ...). ``logprobs`` holds one
+    {token id: logprob} per new token when logprobs were asked for."""
+
+    request_id: str
+    token_ids: list[int]
+    text: str
+    finished: bool = False
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # all so far
+    logprobs: list[dict[int, float]] | None = None
+    cumulative_logprob: float | None = None
+    embedding: Any = None
+
+
+@dataclass(slots=True)
+class FinalFields:
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stop_reason: int | str | None
+    cumulative_logprob: float | None
+    embedding: Any
+
+
+def final_fields(out: Any) -> FinalFields:
+    """The one place that reads the engine's finished-request record (RequestOutput).
+    Written for the flat shape (``out.text``, ``out.token_ids``, ...); for vLLM's shape
+    read ``out.outputs[0]`` for text, token_ids, finish_reason, stop_reason and
+    cumulative_logprob (and ``out.outputs`` is a PoolingOutput's ``embedding`` holder)."""
+    return FinalFields(
+        text=out.text, token_ids=list(out.token_ids), finish_reason=out.finish_reason or "stop",
+        stop_reason=out.stop_reason, cumulative_logprob=out.cumulative_logprob,
+        embedding=getattr(out, "embedding", None),
+    )
+
+
+def output_request_id(out: Any) -> str:
+    """The request id of a finished-request record (``req_id`` now, ``request_id`` in vLLM's shape)."""
+    return getattr(out, "request_id", None) or out.req_id
+
+
+class EngineStats(Protocol):
+    """What the engine thread reports (the server's /metrics implements it)."""
+
+    def on_step(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None: ...
+    def on_tokens(self, prompt: int, generation: int) -> None: ...
+    def on_first_token(self, seconds: float) -> None: ...
+    def on_inter_token(self, seconds: float) -> None: ...
+
+
+class _TextStream:
+    """Streaming detokenization of one request's output (special tokens skipped)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._fast = getattr(tokenizer, "_tokenizer", None) if DecodeStream is not None else None
+        if self._fast is not None:
+            self._stream = DecodeStream(skip_special_tokens=True)
+        else:
+            self._detok = IncrementalDetokenizer(tokenizer, []) if tokenizer is not None else None
+
+    def add(self, token: int) -> str:
+        if self._fast is not None:
+            return self._stream.step(self._fast, token) or ""
+        if self._detok is None:
+            return ""
+        before = len(self._detok.text)
+        self._detok.append(token, check_stop=False)
+        return self._detok.text[before:]
+
+
+@dataclass(slots=True)
+class _Tracked:
+    req: Request
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    text: _TextStream | None
+    # streamed text may later be cut by a stop string, so this many characters are held back
+    hold: int = 0
+    sent_tokens: int = 0
+    decoded: str = ""
+    sent_text: str = ""
+    arrival: float = field(default_factory=time.perf_counter)
+    last_token_time: float | None = None
+
+
+class AsyncLLM:
+    """``generate`` / ``embed`` as async iterators over one LLMEngine, driven by one
+    engine thread (see the module docstring). ``request_timeout`` (seconds, None = no
+    limit) aborts a request that runs longer; ``close()`` stops the thread."""
+
+    def __init__(self, engine: LLMEngine, *, stats: EngineStats | None = None,
+                 request_timeout: float | None = None) -> None:
+        self.engine = engine
+        self.stats = stats
+        self.request_timeout = request_timeout
+        self._commands: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._active: set[str] = set()  # caller side: ids in use
+        self._ids = 0
+        self._flush = False
+        self._closed = False
+        self.num_aborted = 0  # requests ended by abort (by id, disconnect, timeout)
+        self._thread = threading.Thread(target=self._run, name="core-runner-engine", daemon=True)
+        self._thread.start()
+
+    # ---- caller side ----------------------------------------------------------------
+    async def generate(
+        self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
+        request_id: str | None = None, *, timeout: float | None = None,
+    ) -> AsyncIterator[Delta]:
+        """Deltas of one request, the last with ``finished=True``. Invalid input raises
+        ValueError before anything is queued. Stopping iteration (or cancelling the task)
+        aborts the request; so does ``timeout`` (default: ``request_timeout``), after which
+        the final delta says finish_reason="abort"."""
+        if "generate" not in self.engine.tasks:
+            raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot generate text")
+        params = sampling_params if sampling_params is not None else self.engine.default_sampling_params()
+        async for d in self._submit(prompt, params, None, request_id, timeout):
+            yield d
+
+    async def embed(
+        self, prompt: str | Sequence[int], pooling_params: PoolingParams | None = None,
+        request_id: str | None = None, *, timeout: float | None = None,
+    ) -> Delta:
+        """The pooled vector of one prompt (``Delta.embedding``, a CPU float32 tensor)."""
+        if "embed" not in self.engine.tasks:
+            raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot embed")
+        last = None
+        async for d in self._submit(prompt, None, pooling_params or PoolingParams(), request_id, timeout):
+            last = d
+        if last.embedding is not None:
+            last.embedding = last.embedding.float().cpu()
+        return last
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a request by id; its stream ends with finish_reason="abort". Unknown ids are ignored."""
+        self._commands.put(lambda: self._abort(request_id))
+
+    async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
+        """Run ``fn(engine)`` on the engine thread between steps (inspection: debug.rows(), ...)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def run() -> None:
+            try:
+                res = fn(self.engine)
+            except BaseException as e:  # handed to the caller
+                loop.call_soon_threadsafe(_set, fut, None, e)
+            else:
+                loop.call_soon_threadsafe(_set, fut, res, None)
+
+        self._commands.put(run)
+        return await fut
+
+    def close(self, timeout: float = 10.0) -> None:
+        self._closed = True
+        self._commands.put(None)
+        self._thread.join(timeout)
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread.is_alive()
+
+    async def _submit(self, prompt, params, pooling_params, request_id, timeout) -> AsyncIterator[Delta]:
+        if self._closed or not self._thread.is_alive():
+            raise RuntimeError("the engine thread is not running (AsyncLLM was closed or its loop failed)")
+        if request_id is None:
+            self._ids += 1
+            request_id = f"async-{self._ids}"
+        if request_id in self._active:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = self.engine.input_processor.process(prompt, params, request_id, pooling_params)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        text = _TextStream(self.engine.tokenizer) if params is not None else None
+        hold = max((len(s) for s in params.stop), default=1) - 1 if params is not None and params.stop else 0
+        tracked = _Tracked(req, loop, q, text, hold)
+        self._active.add(request_id)
+        self._commands.put(lambda: self._add(tracked))
+        timeout = self.request_timeout if timeout is None else timeout
+        deadline = None if timeout is None else loop.time() + timeout
+        finished = False
+        try:
+            while True:
+                if deadline is None:
+                    item = await q.get()
+                else:
+                    try:
+                        item = await asyncio.wait_for(q.get(), max(0.0, deadline - loop.time()))
+                    except TimeoutError:
+                        deadline = None  # the abort's final delta follows
+                        self._commands.put(lambda: self._abort(request_id))
+                        continue
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            self._active.discard(request_id)
+            if not finished:  # consumer went away: client disconnect, cancellation
+                self._commands.put(lambda: self._abort(request_id))
+
+    # ---- engine thread --------------------------------------------------------------
+    def _run(self) -> None:
+        eng = self.engine
+        while True:
+            busy = eng.has_unfinished_requests() or self._flush
+            try:
+                cmd = self._commands.get(block=not busy, timeout=None)
+            except queue.Empty:
+                cmd = False
+            while cmd is not False:
+                if cmd is None:
+                    self._fail_all(RuntimeError("AsyncLLM was closed"))
+                    return
+                try:
+                    cmd()
+                except Exception:  # a command's failure is reported by the command itself
+                    logger.exception("engine command failed")
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    cmd = False
+            if not (eng.has_unfinished_requests() or self._flush):
+                self._report_step()
+                continue
+            # one more step after an abort sends the runner the finished ids (frees the row)
+            self._flush = False
+            try:
+                finished = eng.step()
+            except Exception:
+                logger.exception("engine step failed; its requests end with finish_reason='error'")
+                for rid in list(self._tracked):
+                    self._end(rid, "error")
+                self._flush = True
+                continue
+            self._publish(finished)
+            self._report_step()
+
+    def _add(self, t: _Tracked) -> None:
+        rid = t.req.req_id
+        try:
+            self.engine.add_processed(t.req)
+        except Exception as e:
+            t.loop.call_soon_threadsafe(t.queue.put_nowait, e)
+            return
+        self._tracked[rid] = t
+        if self.stats is not None:
+            self.stats.on_tokens(prompt=len(t.req.prompt_token_ids), generation=0)
+
+    def _abort(self, rid: str) -> None:
+        if rid in self._tracked:
+            self.engine.abort_request(rid)
+            self._flush = True
+            self.num_aborted += 1
+            self._end(rid, "abort")
+
+    def _end(self, rid: str, reason: str) -> None:
+        """Finish a tracked request that the engine did not report as finished."""
+        t = self._tracked.pop(rid)
+        if reason != "abort":
+            self.engine.abort_request(rid)
+        new = t.req.output_token_ids[t.sent_tokens:]
+        self._decode(t, new)
+        self._emit(t, Delta(
+            rid, new, t.decoded[len(t.sent_text):], finished=True, finish_reason=reason,
+            num_prompt_tokens=len(t.req.prompt_token_ids), num_output_tokens=len(t.req.output_token_ids),
+            logprobs=self._logprobs(t, len(new)),
+        ))
+
+    def _fail_all(self, err: BaseException) -> None:
+        for rid in list(self._tracked):
+            t = self._tracked.pop(rid)
+            t.loop.call_soon_threadsafe(t.queue.put_nowait, err)
+
+    def _decode(self, t: _Tracked, tokens: list[int]) -> None:
+        if t.text is not None:
+            for tok in tokens:
+                t.decoded += t.text.add(tok)
+
+    def _logprobs(self, t: _Tracked, n_new: int) -> list[dict[int, float]] | None:
+        lps = t.req.logprobs
+        if lps is None:
+            return None
+        return lps[t.sent_tokens:t.sent_tokens + n_new]  # aligned with output_token_ids
+
+    def _publish(self, finished: list[Any]) -> None:
+        done = {output_request_id(o): o for o in finished}
+        now = time.perf_counter()
+        for rid, t in list(self._tracked.items()):
+            out = done.get(rid)
+            new = t.req.output_token_ids[t.sent_tokens:]
+            self._observe(t, len(new), now)
+            if out is None:
+                if not new:
+                    continue
+                self._decode(t, new)
+                lps = self._logprobs(t, len(new))
+                t.sent_tokens += len(new)
+                upto = max(len(t.sent_text), len(t.decoded) - t.hold)
+                piece = t.decoded[len(t.sent_text):upto]
+                t.sent_text += piece
+                self._emit(t, Delta(rid, new, piece, num_prompt_tokens=len(t.req.prompt_token_ids),
+                                    num_output_tokens=t.sent_tokens, logprobs=lps))
+                continue
+            del self._tracked[rid]
+            f = final_fields(out)
+            lps = self._logprobs(t, len(new))
+            if f.text.startswith(t.sent_text):
+                rest = f.text[len(t.sent_text):]
+            else:  # the streamed text and the engine's final text disagree: keep the stream consistent
+                logger.warning("request %r: streamed text %r is not a prefix of the final text %r",
+                               rid, t.sent_text, f.text)
+                rest = ""
+            self._emit(t, Delta(
+                rid, f.token_ids[t.sent_tokens:], rest, finished=True, finish_reason=f.finish_reason,
+                stop_reason=f.stop_reason, num_prompt_tokens=len(t.req.prompt_token_ids),
+                num_output_tokens=len(f.token_ids), logprobs=lps, cumulative_logprob=f.cumulative_logprob,
+                embedding=f.embedding,
+            ))
+
+    def _observe(self, t: _Tracked, n_new: int, now: float) -> None:
+        if self.stats is None or n_new == 0:
+            return
+        self.stats.on_tokens(prompt=0, generation=n_new)
+        if t.last_token_time is None:
+            self.stats.on_first_token(now - t.arrival)
+        else:
+            for _ in range(n_new):
+                self.stats.on_inter_token((now - t.last_token_time) / n_new)
+        t.last_token_time = now
+
+    @staticmethod
+    def _emit(t: _Tracked, d: Delta) -> None:
+        try:
+            t.loop.call_soon_threadsafe(t.queue.put_nowait, d)
+        except RuntimeError:  # the caller's loop is closed: nobody is listening
+            pass
+
+    def _report_step(self) -> None:
+        if self.stats is None:
+            return
+        sch = self.engine.scheduler
+        total = max(1, self.engine.num_blocks)
+        self.stats.on_step(len(sch.running), len(sch.waiting), 1.0 - sch.pool.num_free / total)
+
+
+def _set(fut: asyncio.Future, res: Any, err: BaseException | None) -> None:
+    if fut.done():
+        return
+    if err is not None:
+        fut.set_exception(err)
+    else:
+        fut.set_result(res)

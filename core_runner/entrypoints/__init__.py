@@ -1,0 +1,1 @@
+"""Network front ends over the engine (the OpenAI-compatible HTTP server)."""
