@@ -298,7 +298,7 @@ def test_embeddings_equal_offline_embed():
     path = gt.get_model_path()
     opts = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=8, num_kv_blocks=8 * 8)
     texts = ["A cat sits on the mat.", "Stock markets fell today."]
-    want = [o.embedding for o in LLM(path, **opts).embed(texts)]
+    want = [o.outputs.data for o in LLM(path, **opts).embed(texts, use_tqdm=False)]
     s = _Server(LLM(path, **opts).engine, served_model_name="minilm")
     try:
         c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)

@@ -73,20 +73,23 @@ class FinalFields:
 
 
 def final_fields(out: Any) -> FinalFields:
-    """The one place that reads the engine's finished-request record (RequestOutput).
-    Written for the flat shape (``out.text``, ``out.token_ids``, ...); for vLLM's shape
-    read ``out.outputs[0]`` for text, token_ids, finish_reason, stop_reason and
-    cumulative_logprob (and ``out.outputs`` is a PoolingOutput's ``embedding`` holder)."""
+    """The one place that reads the engine's finished-request record: vLLM's shape, a
+    RequestOutput's ``outputs[0]`` (one sample: AsyncLLM serves n = 1) or an
+    EmbeddingRequestOutput's ``outputs.data``."""
+    if not isinstance(out.outputs, list):  # an embedding; no vector when it was aborted or failed
+        data = None if out.outputs is None else out.outputs.data
+        return FinalFields(text="", token_ids=[], finish_reason=out.finish_reason or "stop", stop_reason=None,
+                           cumulative_logprob=None, embedding=data)
+    first = out.outputs[0]
     return FinalFields(
-        text=out.text, token_ids=list(out.token_ids), finish_reason=out.finish_reason or "stop",
-        stop_reason=out.stop_reason, cumulative_logprob=out.cumulative_logprob,
-        embedding=getattr(out, "embedding", None),
+        text=first.text, token_ids=list(first.token_ids), finish_reason=first.finish_reason or "stop",
+        stop_reason=first.stop_reason, cumulative_logprob=first.cumulative_logprob, embedding=None,
     )
 
 
 def output_request_id(out: Any) -> str:
-    """The request id of a finished-request record (``req_id`` now, ``request_id`` in vLLM's shape)."""
-    return getattr(out, "request_id", None) or out.req_id
+    """The request id of a finished-request record."""
+    return out.request_id
 
 
 class EngineStats(Protocol):
