@@ -28,13 +28,30 @@ def llm(tiny_ckpt):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"temperature": -0.5}, r"temperature=-0.5 is invalid: expected a number >= 0"),
+    ({"temperature": -0.5}, r"temperature=-0.5 is invalid: expected a finite number >= 0"),
     ({"top_p": 0.0}, r"top_p=0.0 is invalid: expected a number in \(0, 1\]"),
     ({"top_p": 1.5}, r"top_p=1.5 is invalid"),
-    ({"top_k": 0}, r"top_k=0 is invalid: expected -1 \(disabled\) or an integer >= 1"),
+    ({"top_k": 0}, r"top_k=0 is invalid: expected -1 \(disabled\) or an integer in \[1, "),
     ({"max_tokens": 0}, r"max_tokens=0 is invalid"),
     ({"seed": -1}, r"seed=-1 is invalid"),
     ({"stop_token_ids": [-3]}, r"stop_token_ids"),
+    # ranges of the device tables the values are staged into
+    ({"top_k": 2**31}, r"top_k=2147483648 is invalid: expected -1 \(disabled\) or an integer in \[1, 2147483647\]"),
+    ({"top_k": True}, r"top_k=True is invalid"),
+    ({"seed": 2**63}, r"seed=9223372036854775808 is invalid: expected None or an integer in \[0, 2\*\*63\)"),
+    ({"stop_token_ids": [2**63], "min_tokens": 2}, r"stop_token_ids=\[9223372036854775808\] is invalid: .*2\*\*63"),
+    ({"logit_bias": {2**64: 1.0}}, r"logit_bias=.* invalid: token id 18446744073709551616 is outside \[0, 2\*\*63\)"),
+    ({"temperature": 1e39}, r"temperature=1e\+39 is invalid: expected a finite number >= 0"),
+    # non-finite values (temperature=inf used to act as greedy)
+    ({"temperature": float("inf")}, r"temperature=inf is invalid: expected a finite number >= 0"),
+    ({"temperature": float("nan")}, r"temperature=nan is invalid"),
+    ({"top_p": float("nan")}, r"top_p=nan is invalid"),
+    ({"min_p": float("nan")}, r"min_p=nan is invalid"),
+    ({"repetition_penalty": float("nan")}, r"repetition_penalty=nan is invalid"),
+    ({"repetition_penalty": float("inf")}, r"repetition_penalty=inf is invalid"),
+    ({"frequency_penalty": float("nan")}, r"frequency_penalty=nan is invalid"),
+    ({"presence_penalty": float("-inf")}, r"presence_penalty=-inf is invalid"),
+    ({"logit_bias": {3: float("nan")}}, r"logit_bias=.* is invalid: bias nan of token 3"),
 ])
 def test_invalid_sampling_params_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -126,3 +143,17 @@ def test_cli_reports_errors_cleanly(tiny_ckpt, capsys):
                "--temperature", "-1", "hello"])
     assert rc == 2
     assert "temperature=-1.0 is invalid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"stop_token_ids": [128], "min_tokens": 2}, "stop_token_ids"),
+    ({"stop_token_ids": [2**40]}, "stop_token_ids"),
+    ({"logit_bias": {500: 1.0}}, "logit_bias"),
+])
+def test_token_ids_outside_the_vocabulary_are_refused_at_add_time(llm, kwargs, field):
+    engine = llm.engine
+    with pytest.raises(ValueError, match=rf"SamplingParams.{field} token id \d+ is invalid: expected ids in \[0, 128"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, **kwargs))
+    assert not engine.has_unfinished_requests()
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, min_tokens=2, stop_token_ids=[127]))
+    assert out[0].finish_reason in ("length", "stop") and out[0].token_ids

@@ -106,11 +106,12 @@ class InputProcessor:
             if k is not None and k > limit:
                 raise ValueError(f"SamplingParams.{name}={k} is invalid: expected at most max_logprobs={limit} "
                                  "(raise EngineConfig.max_logprobs)")
-        if params.logit_bias and self.vocab_size is not None:
-            bad = [t for t in params.logit_bias if t >= self.vocab_size]
-            if bad:
-                raise ValueError(f"SamplingParams.logit_bias token id {bad[0]} is invalid: expected ids in "
-                                 f"[0, {self.vocab_size}) (the vocabulary)")
+        if self.vocab_size is not None:
+            for name, ids in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids)):
+                bad = [t for t in ids if t >= self.vocab_size]
+                if bad:
+                    raise ValueError(f"SamplingParams.{name} token id {bad[0]} is invalid: expected ids in "
+                                     f"[0, {self.vocab_size}) (the vocabulary)")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"SamplingParams.stop={params.stop!r} is invalid: stop strings need a tokenizer, "
                              "and this checkpoint has none (use stop_token_ids)")
