@@ -157,3 +157,51 @@ def test_token_ids_outside_the_vocabulary_are_refused_at_add_time(llm, kwargs, f
     assert not engine.has_unfinished_requests()
     out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, min_tokens=2, stop_token_ids=[127]))
     assert out[0].finish_reason in ("length", "stop") and out[0].token_ids
+
+
+@pytest.mark.parametrize("prompt, match", [
+    (None, r"prompt 0: a prompt of type NoneType None is not accepted: expected a str, a list of int token ids"),
+    ({"text": "hi"}, r"prompt 0: a dict prompt with keys \['text'\] is not accepted: expected a str"),
+    ({"prompt": [1, 2]}, r"prompt 0: a dict prompt with keys \['prompt'\] is not accepted"),
+    (b"\x01\x02", r"prompt 0: a prompt of type bytes .* is not accepted"),
+    ([1.0, 2.0], r"prompt 0: a token-id prompt must be a list of ints, but element 0 is float 1.0"),
+    ([[1, 2], [3]], r"prompt 0: a token-id prompt must be a list of ints, but element 0 is list \[1, 2\]"),
+    ({"prompt_token_ids": (1, "a")}, r"prompt 0: the \"prompt_token_ids\" value must be a list of ints, but element 1"),
+])
+def test_prompts_of_the_wrong_type_name_the_index_and_the_accepted_forms(llm, prompt, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate([prompt], SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_numpy_prompts_are_refused_not_read_as_token_ids(llm):
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"prompts of type ndarray are not accepted"):
+        llm.generate(np.array([1, 2, 3]), SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"prompt 1: .*element 0 is int64 .*pass array.tolist"):
+        llm.generate([[1, 2], list(np.array([1, 2]))], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"a prompt of type ndarray"):
+        llm.engine.add_request(np.array([1, 2, 3]), SamplingParams(max_tokens=2))
+
+
+def test_text_and_tokens_prompt_dicts_are_accepted(llm):
+    sp = SamplingParams(max_tokens=3, temperature=0.0)
+    ref = llm.generate([[5, 6, 7]], sp)[0].token_ids
+    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}, [5, 6, 7]], sp)
+    assert [o.token_ids for o in outs] == [ref, ref]
+    assert llm.generate({"prompt_token_ids": [5, 6, 7]}, sp)[0].token_ids == ref
+    rid = llm.engine.add_request({"prompt_token_ids": [5, 6, 7]}, sp, req_id="d")
+    outs = {}
+    while llm.engine.has_unfinished_requests():
+        outs.update({o.req_id: o for o in llm.engine.step()})
+    assert outs[rid].token_ids == ref
+
+
+def test_parse_prompt_reads_the_text_prompt_dict():
+    from core_runner.engine.input_processor import parse_prompt
+
+    assert parse_prompt({"prompt": "hello"}) == "hello"
+    assert parse_prompt({"prompt_token_ids": (1, 2)}) == [1, 2]
+    with pytest.raises(ValueError, match=r"keys \['prompt', 'prompt_token_ids'\] is not accepted"):
+        parse_prompt({"prompt": "hello", "prompt_token_ids": [1]})

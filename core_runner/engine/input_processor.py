@@ -16,7 +16,42 @@ from core_runner.engine.request import Request
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int]
+# vLLM's prompt forms: text, token ids, TextPrompt and TokensPrompt
+Prompt = str | Sequence[int] | dict[str, Any]
+PROMPT_FORMS = 'a str, a list of int token ids, {"prompt": str} or {"prompt_token_ids": list[int]}'
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def parse_prompt(prompt: Any) -> str | list[int]:
+    """The text or token ids of one prompt in any accepted form; anything else raises a
+    ValueError naming its type and the accepted forms (bytes and arrays are refused rather
+    than read as token ids)."""
+    if isinstance(prompt, dict):
+        keys = set(prompt)
+        if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+            return prompt["prompt"]
+        if keys == {"prompt_token_ids"}:
+            return _token_ids(prompt["prompt_token_ids"], 'the "prompt_token_ids" value')
+        raise ValueError(f"a dict prompt with keys {sorted(keys, key=str)} is not accepted: expected {PROMPT_FORMS}")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return _token_ids(prompt, "a token-id prompt")
+    raise ValueError(f"a prompt of type {_describe(prompt)} is not accepted: expected {PROMPT_FORMS}")
+
+
+def _token_ids(ids: Any, what: str) -> list[int]:
+    if not isinstance(ids, (list, tuple)):
+        raise ValueError(f"{what} must be a list of ints, got {_describe(ids)}; expected {PROMPT_FORMS}")
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise ValueError(f"{what} must be a list of ints, but element {i} is {_describe(t)} "
+                             f"(numpy values: pass array.tolist()); expected {PROMPT_FORMS}")
+    return list(ids)
 
 
 class InputProcessor:
@@ -66,16 +101,14 @@ class InputProcessor:
     def tokenize(self, prompt: Prompt, truncate: int | None = None) -> list[int]:
         """Token ids of a prompt; ``truncate`` cuts a text prompt with the tokenizer's own
         truncation (special tokens kept)."""
+        prompt = parse_prompt(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
             if truncate is not None:
                 return list(self.tokenizer.encode(prompt, truncation=True, max_length=truncate))
             return list(self.tokenizer.encode(prompt))
-        ids = list(prompt)
-        if any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
-            raise ValueError("a token-id prompt must be a list of ints")
-        return ids
+        return prompt
 
     def _check_ids(self, ids: list[int]) -> None:
         if not ids:

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from core_runner.config import EngineConfig
 from core_runner.engine.defaults import MemoryProbe
+from core_runner.engine.input_processor import PROMPT_FORMS, Prompt
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
@@ -18,14 +19,23 @@ from core_runner.plugins import PluginManager
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
-Prompt = str | Sequence[int]
-
 
 class LLM:
     """Load a checkpoint through its plugin and generate.
 
     >>> llm = LLM(model="path/to/checkpoint", dtype="float32", device="cpu")
     >>> outs = llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0.0))
+
+    A prompt is a str, a list of int token ids, ``{"prompt": str}`` or
+    ``{"prompt_token_ids": list[int]}`` (vLLM's TextPrompt / TokensPrompt).
+
+    Threads: ``generate`` and ``embed`` hold the engine's lock for the whole call, so
+    callers on several threads run one after another, each getting its own complete
+    outputs. A call steps the engine only until its own requests finish; requests added
+    directly with ``llm.engine.add_request`` run alongside, and the outputs of any that
+    finish meanwhile are kept for ``llm.engine.step()`` (vLLM's ``LLM`` instead drains the
+    engine and returns them mixed in). A call interrupted (Ctrl-C) aborts its own
+    unfinished requests, so they cannot run in a later call.
     """
 
     def __init__(
@@ -66,9 +76,7 @@ class LLM:
         ``get_default_sampling_params()``. Every prompt is validated before any runs: a bad
         one raises ValueError naming its index, and nothing is left queued."""
         self._require_task("generate", "generate")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         if sampling_params is None:
             params = [self.get_default_sampling_params()] * len(prompts)
         elif isinstance(sampling_params, SamplingParams):
@@ -79,9 +87,9 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, params[i]))
-        ids = [self.engine.add_processed(r) for r in reqs]
-        return self._run(ids, use_tqdm)
+        with self.engine.lock:
+            reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, params[i]))
+            return self._run(reqs, use_tqdm)
 
     def embed(
         self,
@@ -95,9 +103,7 @@ class LLM:
         validated (and text truncated, if asked) before any runs; a bad one raises
         ValueError naming its index."""
         self._require_task("embed", "embed")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        prompts = list(prompts)
+        prompts = _prompt_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params = [pooling_params or PoolingParams()] * len(prompts)
         else:
@@ -106,9 +112,10 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} PoolingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
-        ids = [self.engine.add_processed(r) for r in reqs]
-        outs = self._run(ids, use_tqdm)
+        with self.engine.lock:
+            reqs = self._process(prompts,
+                                 lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
+            outs = self._run(reqs, use_tqdm)
         if outs:  # one device-to-host copy for all vectors
             host = torch.stack([o.embedding for o in outs]).float().cpu()
             for o, e in zip(outs, host.unbind(0)):
@@ -135,17 +142,50 @@ class LLM:
                 f"supports {self.engine.tasks}{hint}"
             )
 
-    def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, reqs: list[Request], use_tqdm: bool) -> list[RequestOutput]:
+        """Queue ``reqs`` and step until each has finished (the caller holds the engine's
+        lock); other requests' outputs are kept for ``engine.step()``."""
+        engine = self.engine
+        ids = [r.req_id for r in reqs]
         done: dict[str, RequestOutput] = {}
+        others: list[RequestOutput] = []
+        pending = set(ids)
         bar = tqdm(total=len(ids), disable=not use_tqdm, desc="requests")
-        wanted = set(ids)
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.req_id in wanted:
-                    done[out.req_id] = out
-                    bar.update(1)
-        bar.close()
+        try:
+            for r in reqs:
+                engine.add_processed(r)
+            while pending:
+                if not engine.core.has_unfinished():
+                    raise RuntimeError(f"the engine has nothing left to run but requests {sorted(pending)} never "
+                                       "finished (an engine bug)")
+                for out in engine.step_core():
+                    if out.req_id in pending:
+                        pending.discard(out.req_id)
+                        done[out.req_id] = out
+                        bar.update(1)
+                    else:
+                        others.append(out)
+        except BaseException:
+            for req_id in pending:  # so that an interrupted call leaves nothing of its own queued
+                engine.abort_request(req_id)
+            raise
+        finally:
+            engine.hold(others)
+            bar.close()
         return [done[i] for i in ids]
+
+
+def _prompt_list(prompts: Any) -> list:
+    """The prompts of a call as a list: one prompt (a str, a dict or a list of ints) or a
+    list of them."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if prompts and isinstance(prompts[0], int) and not isinstance(prompts[0], bool):
+            return [prompts]
+        return list(prompts)
+    raise ValueError(f"prompts of type {type(prompts).__name__} are not accepted: expected one prompt "
+                     f"({PROMPT_FORMS}) or a list of them")
 
 
 def _max_positions(model: str | Path) -> int | None:
