@@ -62,12 +62,20 @@ def test_invalid_sampling_params_name_the_field(kwargs, match):
     ({"dtype": "fp8"}, r"dtype='fp8' is invalid"),
     ({"device": "tpu"}, r"device='tpu' is invalid"),
     ({"block_size": 0}, r"block_size=0 is invalid"),
+    ({"block_size": 1 << 20, "max_model_len": 512},
+     r"block_size=1048576 is invalid: expected at most max\(max_model_len=512, 16\) = 512"),
+    ({"block_size": 32, "max_model_len": 8}, r"block_size=32 is invalid: expected at most .* = 16"),
     ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens=0 is invalid"),
     ({"num_kv_blocks": 0}, r"num_kv_blocks=0 is invalid"),
 ])
 def test_invalid_engine_options_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(model="x", **kwargs)
+
+
+def test_block_sizes_up_to_the_limit_are_accepted():
+    assert EngineConfig(model="x", device="cpu", max_model_len=8).block_size == 16
+    assert EngineConfig(model="x", device="cpu", max_model_len=48, block_size=48).block_size == 48  # any size
 
 
 def test_pool_too_small_for_one_request(tiny_ckpt):
