@@ -25,14 +25,14 @@ def faulty(untied):
     pm.register_module("faulty_forward", module)
 
     def build(**opts):
-        cls.calls, cls.fail_on, cls.error = 0, set(), RuntimeError
+        cls.calls, cls.fail_on, cls.nan_on, cls.error = 0, set(), set(), RuntimeError
         o = dict(dtype="float32", device="cpu", max_model_len=64, max_num_seqs=4, block_size=4)
         o.update(opts)
         o["num_kv_blocks"] = o["max_num_seqs"] * cdiv(o["max_model_len"], o["block_size"])
         return LLM(untied.path, plugins=pm, **o).engine, cls
 
     yield build
-    cls.fail_on, cls.error = set(), RuntimeError
+    cls.fail_on, cls.nan_on, cls.error = set(), set(), RuntimeError
 
 
 def _assert_clean(engine, flush: bool = True) -> None:
@@ -131,3 +131,26 @@ def test_a_staged_write_that_fails_does_not_poison_later_writes():
     t.stage_scalar(2, 7)
     t.apply_staged_writes()
     assert t.gpu.tolist() == [0, 0, 7, 0]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_nan_logits_finish_the_request_with_error_not_token_0(faulty, untied, async_scheduling, caplog):
+    engine, cls = faulty(async_scheduling=async_scheduling)
+    prompts = random_prompts([5, 9], seed=8)
+    for i, p in enumerate(prompts):
+        engine.add_request(p, greedy(6), req_id=f"n{i}")
+    cls.nan_on = {3}  # the second decode step: two good tokens first
+    outs = {}
+    with caplog.at_level(logging.ERROR, logger="core_runner.engine.scheduler"):
+        while engine.has_unfinished_requests():
+            outs.update({o.req_id: o for o in engine.step()})
+    for i, p in enumerate(prompts):
+        assert outs[f"n{i}"].finish_reason == "error"
+        assert outs[f"n{i}"].token_ids == hf_greedy(untied, p, 2)
+    assert "non-finite logits" in caplog.text and "n0" in caplog.text
+    _assert_clean(engine)
+    engine.add_request(prompts[0], greedy(6), req_id="later")
+    outs = {}
+    while engine.has_unfinished_requests():
+        outs.update({o.req_id: o for o in engine.step()})
+    assert outs["later"].token_ids == hf_greedy(untied, prompts[0], 6)

@@ -209,6 +209,12 @@ class Scheduler:
                 finished.append(req)
                 continue
             token = sampled[req_id]
+            if token < 0:  # the runner flags a token sampled from non-finite logits this way
+                logger.error("request %s: the model produced non-finite logits (token %d sampled from "
+                             "NaN/inf); finishing it with finish_reason='error'", req_id, -1 - token)
+                self._finish(req, "error")
+                finished.append(req)
+                continue
             req.output_token_ids.append(token)
             if req.logprobs is not None:
                 entry, rank = result.logprobs[req_id]

@@ -211,7 +211,12 @@ class ModelRunner:
             post_update_ref(*post_args)
         self.model_state.postprocess_state(batch, sampled)
         extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
-        return AsyncOutput(batch.req_ids, sampled, None, self.copy_stream, extra)
+        # A row whose sampled token has a NaN / inf logit (fp16 overflow makes the whole row
+        # NaN) reaches the host as -1 - token, which the scheduler finishes with "error";
+        # the device keeps the plain token. O(rows) and no sync: the flag rides the copy.
+        bad = ~torch.isfinite(logits.gather(1, sampled.view(-1, 1).long()).view(-1))
+        host = torch.where(bad, -1 - sampled, sampled)
+        return AsyncOutput(batch.req_ids, host, None, self.copy_stream, extra)
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor) -> SamplerOutput:
         return sample(logits, batch, self.sampling, self.sampler_triton)

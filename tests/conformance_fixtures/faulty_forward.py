@@ -11,9 +11,11 @@ from core_runner import hookimpl
 
 class FaultyForward(Qwen3ForCausalLM):
     """``fail_on`` holds the 1-based forward calls that raise ``error`` (a RuntimeError
-    unless set, e.g. to KeyboardInterrupt); ``calls`` counts every forward."""
+    unless set, e.g. to KeyboardInterrupt), ``nan_on`` those that return NaN hidden states
+    (as an fp16 overflow would); ``calls`` counts every forward."""
 
     fail_on: set[int] = set()
+    nan_on: set[int] = set()
     error: type[BaseException] = RuntimeError
     calls = 0
 
@@ -22,7 +24,8 @@ class FaultyForward(Qwen3ForCausalLM):
         cls.calls += 1
         if cls.calls in cls.fail_on:
             raise cls.error(f"planted fault in forward call {cls.calls}")
-        return super().forward(*args, **kwargs)
+        hidden = super().forward(*args, **kwargs)
+        return hidden * float("nan") if cls.calls in cls.nan_on else hidden
 
 
 @hookimpl
