@@ -154,3 +154,34 @@ def test_nan_logits_finish_the_request_with_error_not_token_0(faulty, untied, as
     while engine.has_unfinished_requests():
         outs.update({o.req_id: o for o in engine.step()})
     assert outs["later"].token_ids == hf_greedy(untied, prompts[0], 6)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_ctrl_c_after_scheduling_loses_nothing(faulty, untied, async_scheduling):
+    """The worst moment: schedule() has admitted requests and handed over the removals,
+    and its SchedulerOutput is lost. Every running request fails, no row or block leaks."""
+    engine, cls = faulty(async_scheduling=async_scheduling, max_num_seqs=2)
+    prompts = random_prompts([5, 9, 6], seed=9)
+    engine.add_request(prompts[0], greedy(2), req_id="short")
+    engine.add_request(prompts[1], greedy(8), req_id="long")
+    engine.add_request(prompts[2], greedy(4), req_id="waiting")
+    schedule = engine.scheduler.schedule
+    outs = {}
+    while "short" not in outs:
+        outs.update({o.req_id: o for o in engine.step()})
+
+    def interrupted():
+        schedule()
+        raise KeyboardInterrupt
+
+    engine.scheduler.schedule = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        engine.step()
+    engine.scheduler.schedule = schedule
+    assert engine.debug.rows() == {}
+    assert not engine.scheduler.running
+    while engine.has_unfinished_requests():
+        outs.update({o.req_id: o for o in engine.step()})
+    assert outs["short"].token_ids == hf_greedy(untied, prompts[0], 2)
+    assert outs["waiting"].token_ids == hf_greedy(untied, prompts[2], 4) or outs["waiting"].finish_reason == "error"
+    _assert_clean(engine)

@@ -37,6 +37,8 @@ class EngineCore:
         # (see core_runner.engine.debug)
         self.pre_step_hooks: list[Callable[[SchedulerOutput], None]] = []
         self.step_hooks: list[Callable[[SchedulerOutput], None]] = []
+        # requests failed by a step that re-raised (Ctrl-C): returned by the next step
+        self.carried: list[Request] = []
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req)
@@ -45,7 +47,11 @@ class EngineCore:
         return self.scheduler.abort(req_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self.in_flight)
+        return self.scheduler.has_unfinished() or bool(self.in_flight) or bool(self.carried)
+
+    def forget(self, req_ids: set[str]) -> None:
+        """Drop these requests' unreturned outputs (their owner gave up on them)."""
+        self.carried = [r for r in self.carried if r.req_id not in req_ids]
 
     def step(self) -> list[Request]:
         """Launch one step; return the requests finished by the oldest step in flight.
@@ -53,11 +59,11 @@ class EngineCore:
         If the step raises, the requests it leaves in an unknown state are returned
         finished with ``finish_reason="error"`` (see the module docstring); a
         KeyboardInterrupt (or another BaseException) is cleaned up the same way, then
-        re-raised."""
+        re-raised, and the requests it failed are returned by the next step."""
         # every SchedulerOutput whose results have not been fully applied yet; None while
         # schedule() itself runs (a fault there leaves every running request unknown)
         unsettled: list[SchedulerOutput | None] = [None, *(o for o, _ in self.in_flight)]
-        finished: list[Request] = []
+        finished, self.carried = self.carried, []
         try:
             out = self.scheduler.schedule()
             unsettled = [out, *(o for o, _ in self.in_flight)]
@@ -77,6 +83,7 @@ class EngineCore:
         except BaseException as exc:
             finished += self._fail_step(unsettled, exc)
             if not isinstance(exc, Exception):
+                self.carried = finished
                 raise
         return finished
 
@@ -85,13 +92,14 @@ class EngineCore:
         rows and blocks, and drop the steps in flight (their results cannot be trusted)."""
         sched = self.scheduler
         ids = {r.req_id for r in sched.running} if None in unsettled else set()
-        stale = set()  # rows whose removal the failed step may not have reached
         for so in filter(None, unsettled):
             ids |= so.num_scheduled_tokens.keys() | so.sample_req_ids | {n.req_id for n in so.new_reqs}
-            stale |= so.finished_req_ids | so.preempted_req_ids
         self.in_flight.clear()
         failed = sched.fail(sorted(ids))
-        self.runner.reset_rows(sorted(ids | stale))
+        # only a running request may hold a row now: the failed step may not have reached
+        # the removals it carried (finished and preempted requests)
+        running = {r.req_id for r in sched.running}
+        self.runner.reset_rows(sorted(r for r in self.runner.req_state.req_id_to_row if r not in running))
         logger.error("step failed with %s: %s; finished %d request(s) with finish_reason='error': %s",
                      type(exc).__name__, exc, len(failed), [r.req_id for r in failed],
                      exc_info=isinstance(exc, Exception))

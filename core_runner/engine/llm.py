@@ -168,6 +168,7 @@ class LLM:
         except BaseException:
             for req_id in pending:  # so that an interrupted call leaves nothing of its own queued
                 engine.abort_request(req_id)
+            engine.core.forget(pending)
             raise
         finally:
             engine.hold(others)
