@@ -9,6 +9,7 @@ _DTYPES = ("float32", "float16", "bfloat16", "auto")
 _KERNELS = (None, "torch", "triton")
 _GENERATION_CONFIGS = ("auto", "vllm")
 _GIB = 1 << 30
+DEFAULT_BLOCK_SIZE = 16
 # A GPU this large holds the batch the bench found best on an H200 (1,024 / 8,192 gave
 # W1 79,420 tok/s, W2 23,306); smaller ones get vLLM's defaults for its smaller GPUs.
 LARGE_GPU_BYTES = 70 * _GIB
@@ -126,7 +127,7 @@ class EngineConfig:
     max_model_len: int = 2048
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
-    block_size: int = 16
+    block_size: int = DEFAULT_BLOCK_SIZE
     num_kv_blocks: int | None = None
     gpu_memory_utilization: float | None = None
     kv_cache_memory_fraction: float | None = None
@@ -164,6 +165,15 @@ class EngineConfig:
             ):
                 raise bad(name, v, "expected an integer >= 1" + ("" if name in ("max_model_len", "block_size")
                                                                  else " or None (chosen from the device)"))
+        # A block holds the tokens of one request only, so the slots of a block past
+        # max_model_len are never used; the default block stays valid for short lengths.
+        # Any other size works: the kernels find a token's slot by // and %, not by shifts.
+        block_limit = max(self.max_model_len, DEFAULT_BLOCK_SIZE)
+        if self.block_size > block_limit:
+            raise bad("block_size", self.block_size,
+                      f"expected at most max(max_model_len={self.max_model_len}, {DEFAULT_BLOCK_SIZE}) = "
+                      f"{block_limit}: a block holds one request's tokens, so a larger one allocates KV memory "
+                      "that is never used")
         if self.max_num_seqs is None or self.max_num_batched_tokens is None:
             seqs, tokens = choose_batch_limits(self.device, device_total_memory(self.device), self.max_model_len,
                                                self.max_num_seqs, self.max_num_batched_tokens)

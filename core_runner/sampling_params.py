@@ -8,9 +8,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+# Ranges of the device tables the values are staged into (core_runner/sample/*: top_k is
+# int32, seeds and token ids int64, the float knobs float32): a value outside them would
+# fail, or silently change, inside a step instead of here.
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
 
 def _is_number(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+    """A real number that float32 holds as a finite value (NaN and infinities refused)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
 
 @dataclass(slots=True)
@@ -75,23 +87,22 @@ class SamplingParams:
                 raise bad(name, valid)
 
         self._check_vllm_fields(bad)
-        number_in("temperature", 0.0, math.inf, "expected a number >= 0 (0 means greedy)")
-        if not isinstance(self.top_k, int) or (self.top_k < 1 and self.top_k != -1):
-            raise bad("top_k", "expected 0 or -1 (disabled) or an integer >= 1")
+        number_in("temperature", 0.0, FLOAT32_MAX, "expected a finite number >= 0 (0 means greedy)")
+        if not _is_int(self.top_k) or (self.top_k < 1 and self.top_k != -1) or self.top_k > INT32_MAX:
+            raise bad("top_k", f"expected 0 or -1 (disabled) or an integer in [1, {INT32_MAX}] (int32)")
         number_in("top_p", 0.0, 1.0, "expected a number in (0, 1]", lo_open=True)
         number_in("min_p", 0.0, 1.0, "expected a number in [0, 1] (0 disables)")
-        if self.seed is not None and (not isinstance(self.seed, int) or not 0 <= self.seed < 2**63):
-            raise bad("seed", "expected None or an integer in [0, 2**63)")
-        number_in("repetition_penalty", 0.0, math.inf, "expected a finite number > 0 (1 disables)", lo_open=True)
-        if self.repetition_penalty == math.inf:
-            raise bad("repetition_penalty", "expected a finite number > 0 (1 disables)")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= INT64_MAX):
+            raise bad("seed", "expected None or an integer in [0, 2**63) (int64)")
+        number_in("repetition_penalty", 0.0, FLOAT32_MAX, "expected a finite number > 0 (1 disables)", lo_open=True)
         number_in("frequency_penalty", -2.0, 2.0, "expected a number in [-2, 2] (0 disables)")
         number_in("presence_penalty", -2.0, 2.0, "expected a number in [-2, 2] (0 disables)")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= (self.max_tokens or math.inf):
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= (self.max_tokens or math.inf):
             raise bad("min_tokens", f"expected an integer in [0, max_tokens={self.max_tokens}]")
         ids = list(self.stop_token_ids)
-        if any(not isinstance(t, int) or t < 0 for t in ids):
-            raise bad("stop_token_ids", "expected a list of non-negative token ids")
+        if any(not _is_int(t) or not 0 <= t <= INT64_MAX for t in ids):
+            raise bad("stop_token_ids", "expected a list of token ids in [0, 2**63) (the engine checks the "
+                      "vocabulary at add time)")
         self.stop_token_ids = ids
         if isinstance(self.stop, str):
             self.stop = [self.stop]
@@ -102,7 +113,7 @@ class SamplingParams:
         self._check_logit_bias(bad)
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            if v is not None and (not _is_int(v) or v < 0):
                 raise bad(name, "expected None or an integer >= 0 (bounded by EngineConfig.max_logprobs)")
 
     def _check_vllm_fields(self, bad) -> None:
@@ -133,8 +144,9 @@ class SamplingParams:
                 tok = int(k)  # JSON object keys arrive as strings
             except (TypeError, ValueError):
                 raise bad("logit_bias", f"token id {k!r} is not an integer") from None
-            if tok < 0:
-                raise bad("logit_bias", f"token id {tok} is negative")
+            if not 0 <= tok <= INT64_MAX:
+                raise bad("logit_bias", f"token id {tok} is outside [0, 2**63) (the engine checks the vocabulary "
+                          "at add time)")
             if not _is_number(v) or not -100.0 <= v <= 100.0:
                 raise bad("logit_bias", f"bias {v!r} of token {tok} is outside [-100, 100]")
             bias[tok] = float(v)

@@ -28,13 +28,30 @@ def llm(tiny_ckpt):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"temperature": -0.5}, r"temperature=-0.5 is invalid: expected a number >= 0"),
+    ({"temperature": -0.5}, r"temperature=-0.5 is invalid: expected a finite number >= 0"),
     ({"top_p": 0.0}, r"top_p=0.0 is invalid: expected a number in \(0, 1\]"),
     ({"top_p": 1.5}, r"top_p=1.5 is invalid"),
-    ({"top_k": -2}, r"top_k=-2 is invalid: expected 0 or -1 \(disabled\) or an integer >= 1"),
+    ({"top_k": -2}, r"top_k=-2 is invalid: expected 0 or -1 \(disabled\) or an integer in \[1, "),
     ({"max_tokens": 0}, r"max_tokens=0 is invalid"),
     ({"seed": -1}, r"seed=-1 is invalid"),
     ({"stop_token_ids": [-3]}, r"stop_token_ids"),
+    # ranges of the device tables the values are staged into
+    ({"top_k": 2**31}, r"top_k=2147483648 is invalid: expected -1 \(disabled\) or an integer in \[1, 2147483647\]"),
+    ({"top_k": True}, r"top_k=True is invalid"),
+    ({"seed": 2**63}, r"seed=9223372036854775808 is invalid: expected None or an integer in \[0, 2\*\*63\)"),
+    ({"stop_token_ids": [2**63], "min_tokens": 2}, r"stop_token_ids=\[9223372036854775808\] is invalid: .*2\*\*63"),
+    ({"logit_bias": {2**64: 1.0}}, r"logit_bias=.* invalid: token id 18446744073709551616 is outside \[0, 2\*\*63\)"),
+    ({"temperature": 1e39}, r"temperature=1e\+39 is invalid: expected a finite number >= 0"),
+    # non-finite values (temperature=inf used to act as greedy)
+    ({"temperature": float("inf")}, r"temperature=inf is invalid: expected a finite number >= 0"),
+    ({"temperature": float("nan")}, r"temperature=nan is invalid"),
+    ({"top_p": float("nan")}, r"top_p=nan is invalid"),
+    ({"min_p": float("nan")}, r"min_p=nan is invalid"),
+    ({"repetition_penalty": float("nan")}, r"repetition_penalty=nan is invalid"),
+    ({"repetition_penalty": float("inf")}, r"repetition_penalty=inf is invalid"),
+    ({"frequency_penalty": float("nan")}, r"frequency_penalty=nan is invalid"),
+    ({"presence_penalty": float("-inf")}, r"presence_penalty=-inf is invalid"),
+    ({"logit_bias": {3: float("nan")}}, r"logit_bias=.* is invalid: bias nan of token 3"),
 ])
 def test_invalid_sampling_params_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -45,12 +62,20 @@ def test_invalid_sampling_params_name_the_field(kwargs, match):
     ({"dtype": "fp8"}, r"dtype='fp8' is invalid"),
     ({"device": "tpu"}, r"device='tpu' is invalid"),
     ({"block_size": 0}, r"block_size=0 is invalid"),
+    ({"block_size": 1 << 20, "max_model_len": 512},
+     r"block_size=1048576 is invalid: expected at most max\(max_model_len=512, 16\) = 512"),
+    ({"block_size": 32, "max_model_len": 8}, r"block_size=32 is invalid: expected at most .* = 16"),
     ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens=0 is invalid"),
     ({"num_kv_blocks": 0}, r"num_kv_blocks=0 is invalid"),
 ])
 def test_invalid_engine_options_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(model="x", **kwargs)
+
+
+def test_block_sizes_up_to_the_limit_are_accepted():
+    assert EngineConfig(model="x", device="cpu", max_model_len=8).block_size == 16
+    assert EngineConfig(model="x", device="cpu", max_model_len=48, block_size=48).block_size == 48  # any size
 
 
 def test_pool_too_small_for_one_request(tiny_ckpt):
@@ -126,3 +151,65 @@ def test_cli_reports_errors_cleanly(tiny_ckpt, capsys):
                "--temperature", "-1", "hello"])
     assert rc == 2
     assert "temperature=-1.0 is invalid" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"stop_token_ids": [128], "min_tokens": 2}, "stop_token_ids"),
+    ({"stop_token_ids": [2**40]}, "stop_token_ids"),
+    ({"logit_bias": {500: 1.0}}, "logit_bias"),
+])
+def test_token_ids_outside_the_vocabulary_are_refused_at_add_time(llm, kwargs, field):
+    engine = llm.engine
+    with pytest.raises(ValueError, match=rf"SamplingParams.{field} token id \d+ is invalid: expected ids in \[0, 128"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=4, **kwargs))
+    assert not engine.has_unfinished_requests()
+    out = llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, temperature=0.0, min_tokens=2, stop_token_ids=[127]))
+    assert out[0].finish_reason in ("length", "stop") and out[0].token_ids
+
+
+@pytest.mark.parametrize("prompt, match", [
+    (None, r"prompt 0: a prompt of type NoneType None is not accepted: expected a str, a list of int token ids"),
+    ({"text": "hi"}, r"prompt 0: a dict prompt with keys \['text'\] is not accepted: expected a str"),
+    ({"prompt": [1, 2]}, r"prompt 0: a dict prompt with keys \['prompt'\] is not accepted"),
+    (b"\x01\x02", r"prompt 0: a prompt of type bytes .* is not accepted"),
+    ([1.0, 2.0], r"prompt 0: a token-id prompt must be a list of ints, but element 0 is float 1.0"),
+    ([[1, 2], [3]], r"prompt 0: a token-id prompt must be a list of ints, but element 0 is list \[1, 2\]"),
+    ({"prompt_token_ids": (1, "a")}, r"prompt 0: the \"prompt_token_ids\" value must be a list of ints, but element 1"),
+])
+def test_prompts_of_the_wrong_type_name_the_index_and_the_accepted_forms(llm, prompt, match):
+    with pytest.raises(ValueError, match=match):
+        llm.generate([prompt], SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_numpy_prompts_are_refused_not_read_as_token_ids(llm):
+    import numpy as np
+
+    with pytest.raises(ValueError, match=r"prompts of type ndarray are not accepted"):
+        llm.generate(np.array([1, 2, 3]), SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"prompt 1: .*element 0 is int64 .*pass array.tolist"):
+        llm.generate([[1, 2], list(np.array([1, 2]))], SamplingParams(max_tokens=2))
+    with pytest.raises(ValueError, match=r"a prompt of type ndarray"):
+        llm.engine.add_request(np.array([1, 2, 3]), SamplingParams(max_tokens=2))
+
+
+def test_text_and_tokens_prompt_dicts_are_accepted(llm):
+    sp = SamplingParams(max_tokens=3, temperature=0.0)
+    ref = llm.generate([[5, 6, 7]], sp)[0].token_ids
+    outs = llm.generate([{"prompt_token_ids": [5, 6, 7]}, [5, 6, 7]], sp)
+    assert [o.token_ids for o in outs] == [ref, ref]
+    assert llm.generate({"prompt_token_ids": [5, 6, 7]}, sp)[0].token_ids == ref
+    rid = llm.engine.add_request({"prompt_token_ids": [5, 6, 7]}, sp, req_id="d")
+    outs = {}
+    while llm.engine.has_unfinished_requests():
+        outs.update({o.req_id: o for o in llm.engine.step()})
+    assert outs[rid].token_ids == ref
+
+
+def test_parse_prompt_reads_the_text_prompt_dict():
+    from core_runner.engine.input_processor import parse_prompt
+
+    assert parse_prompt({"prompt": "hello"}) == "hello"
+    assert parse_prompt({"prompt_token_ids": (1, 2)}) == [1, 2]
+    with pytest.raises(ValueError, match=r"keys \['prompt', 'prompt_token_ids'\] is not accepted"):
+        parse_prompt({"prompt": "hello", "prompt_token_ids": [1]})

@@ -266,7 +266,7 @@ def test_logprobs_equal_log_softmax():
     ({"logprobs": -1}, r"logprobs=-1 is invalid: expected None or an integer >= 0"),
     ({"prompt_logprobs": 2.5}, r"prompt_logprobs=2.5 is invalid"),
     ({"logit_bias": {5: 200.0}}, r"logit_bias=.* is invalid: bias 200.0 of token 5 is outside \[-100, 100\]"),
-    ({"logit_bias": {-1: 1.0}}, r"logit_bias=.* is invalid: token id -1 is negative"),
+    ({"logit_bias": {-1: 1.0}}, r"logit_bias=.* is invalid: token id -1 is outside \[0, 2\*\*63\)"),
     ({"logit_bias": [1, 2]}, r"logit_bias=\[1, 2\] is invalid"),
     ({"stop": ["ok", ""]}, r"stop=\['ok', ''\] is invalid"),
     ({"min_tokens": 5, "max_tokens": 4}, r"min_tokens=5 is invalid"),

@@ -17,9 +17,42 @@ from core_runner.engine.request import Request
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
-# vLLM's prompt forms: text, token ids, TextPrompt {"prompt": str} or TokensPrompt
-# {"prompt_token_ids": [...]}
+# vLLM's prompt forms: text, token ids, TextPrompt and TokensPrompt
 Prompt = str | Sequence[int] | Mapping[str, Any]
+PROMPT_FORMS = 'a str, a list of int token ids, {"prompt": str} or {"prompt_token_ids": list[int]}'
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60] + '...' if len(text) > 60 else text}"
+
+
+def parse_prompt(prompt: Any) -> str | list[int]:
+    """The text or token ids of one prompt in any accepted form; anything else raises a
+    ValueError naming its type and the accepted forms (bytes and arrays are refused rather
+    than read as token ids)."""
+    if isinstance(prompt, Mapping):
+        keys = set(prompt)
+        if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+            return prompt["prompt"]
+        if "prompt_token_ids" in keys and keys <= {"prompt", "prompt_token_ids"}:  # ids may carry their text
+            return _token_ids(prompt["prompt_token_ids"], 'the "prompt_token_ids" value')
+        raise ValueError(f"a dict prompt with keys {sorted(keys, key=str)} is not accepted: expected {PROMPT_FORMS}")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, (list, tuple)):
+        return _token_ids(prompt, "a token-id prompt")
+    raise ValueError(f"a prompt of type {_describe(prompt)} is not accepted: expected {PROMPT_FORMS}")
+
+
+def _token_ids(ids: Any, what: str) -> list[int]:
+    if not isinstance(ids, (list, tuple)):
+        raise ValueError(f"{what} must be a list of ints, got {_describe(ids)}; expected {PROMPT_FORMS}")
+    for i, t in enumerate(ids):
+        if not isinstance(t, int) or isinstance(t, bool):
+            raise ValueError(f"{what} must be a list of ints, but element {i} is {_describe(t)} "
+                             f"(numpy values: pass array.tolist()); expected {PROMPT_FORMS}")
+    return list(ids)
 
 
 def prompt_text(prompt: Prompt) -> str | None:
@@ -84,34 +117,14 @@ class InputProcessor:
     def tokenize(self, prompt: Prompt, truncate: int | None = None) -> list[int]:
         """Token ids of a prompt; ``truncate`` cuts a text prompt with the tokenizer's own
         truncation (special tokens kept)."""
-        if isinstance(prompt, Mapping):
-            prompt = self._unwrap(prompt)
+        prompt = parse_prompt(prompt)
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
             if truncate is not None:
                 return list(self.tokenizer.encode(prompt, truncation=True, max_length=truncate))
             return list(self.tokenizer.encode(prompt))
-        if not isinstance(prompt, Sequence):
-            raise TypeError(f"a prompt is a str, a list of token ids, {{'prompt': str}} or "
-                            f"{{'prompt_token_ids': [...]}}, not {type(prompt).__name__}")
-        ids = list(prompt)
-        if any(not isinstance(t, int) or isinstance(t, bool) for t in ids):
-            raise ValueError("a token-id prompt must be a list of ints")
-        return ids
-
-    @staticmethod
-    def _unwrap(prompt: Mapping[str, Any]) -> str | Sequence[int]:
-        """A TokensPrompt's ids (it may also carry the text they came from), else a TextPrompt's text."""
-        unknown = sorted(set(prompt) - {"prompt", "prompt_token_ids"})
-        if unknown:
-            raise ValueError(f"prompt dict has keys {unknown}: expected 'prompt' (text) or 'prompt_token_ids'")
-        if "prompt_token_ids" in prompt:
-            return prompt["prompt_token_ids"]
-        if not isinstance(prompt.get("prompt"), str):
-            raise ValueError(f"prompt dict {dict(prompt)!r} needs 'prompt' (a str) or 'prompt_token_ids' (a list of "
-                             "ints)")
-        return prompt["prompt"]
+        return prompt
 
     def _check_ids(self, ids: list[int]) -> None:
         if not ids:
@@ -145,11 +158,12 @@ class InputProcessor:
             if k is not None and k > limit:
                 raise ValueError(f"SamplingParams.{name}={k} is invalid: expected at most max_logprobs={limit} "
                                  "(raise EngineConfig.max_logprobs)")
-        if params.logit_bias and self.vocab_size is not None:
-            bad = [t for t in params.logit_bias if t >= self.vocab_size]
-            if bad:
-                raise ValueError(f"SamplingParams.logit_bias token id {bad[0]} is invalid: expected ids in "
-                                 f"[0, {self.vocab_size}) (the vocabulary)")
+        if self.vocab_size is not None:
+            for name, ids in (("logit_bias", params.logit_bias or ()), ("stop_token_ids", params.stop_token_ids)):
+                bad = [t for t in ids if t >= self.vocab_size]
+                if bad:
+                    raise ValueError(f"SamplingParams.{name} token id {bad[0]} is invalid: expected ids in "
+                                     f"[0, {self.vocab_size}) (the vocabulary)")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"SamplingParams.stop={params.stop!r} is invalid: stop strings need a tokenizer, "
                              "and this checkpoint has none (use stop_token_ids)")

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from core_runner.config import EngineConfig
 from core_runner.engine.defaults import MemoryProbe
-from core_runner.engine.input_processor import Prompt
+from core_runner.engine.input_processor import PROMPT_FORMS, Prompt
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import EmbeddingRequestOutput, RequestOutput
 from core_runner.engine.request import Request
@@ -26,6 +26,17 @@ class LLM:
 
     >>> llm = LLM(model="path/to/checkpoint", dtype="float32", device="cpu")
     >>> outs = llm.generate(["Hello"], SamplingParams(max_tokens=8, temperature=0.0))
+
+    A prompt is a str, a list of int token ids, ``{"prompt": str}`` or
+    ``{"prompt_token_ids": list[int]}`` (vLLM's TextPrompt / TokensPrompt).
+
+    Threads: ``generate`` and ``embed`` hold the engine's lock for the whole call, so
+    callers on several threads run one after another, each getting its own complete
+    outputs. A call steps the engine only until its own requests finish; requests added
+    directly with ``llm.engine.add_request`` run alongside, and the outputs of any that
+    finish meanwhile are kept for ``llm.engine.step()`` (vLLM's ``LLM`` instead drains the
+    engine and returns them mixed in). A call interrupted (Ctrl-C) aborts its own
+    unfinished requests, so they cannot run in a later call.
     """
 
     def __init__(
@@ -69,7 +80,7 @@ class LLM:
         ``get_default_sampling_params()``. Every prompt is validated before any runs: a bad
         one raises ValueError naming its index, and nothing is left queued."""
         self._require_task("generate", "generate")
-        prompts = _as_prompt_list(prompts)
+        prompts = _prompt_list(prompts)
         if sampling_params is None:
             params = [self.get_default_sampling_params()] * len(prompts)
         elif isinstance(sampling_params, SamplingParams):
@@ -80,11 +91,9 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        groups = self._process(prompts, lambda p, i: self._fan_out(p, params[i]))
-        for group in groups:
-            for r in group:
-                self.engine.add_processed(r)
-        return self._run(groups, use_tqdm)
+        with self.engine.lock:
+            groups = self._process(prompts, lambda p, i: self._fan_out(p, params[i]))
+            return self._run(groups, use_tqdm)
 
     def chat(
         self,
@@ -130,7 +139,7 @@ class LLM:
         unless ``PoolingParams(normalize=False)``. Every prompt is validated (and text
         truncated, if asked) before any runs; a bad one raises ValueError naming its index."""
         self._require_task("embed", "embed")
-        prompts = _as_prompt_list(prompts)
+        prompts = _prompt_list(prompts)
         if pooling_params is None or isinstance(pooling_params, PoolingParams):
             params = [pooling_params or PoolingParams()] * len(prompts)
         else:
@@ -139,10 +148,10 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} PoolingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        reqs = self._process(prompts, lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
-        for r in reqs:
-            self.engine.add_processed(r)
-        outs = self._run([[r] for r in reqs], use_tqdm)
+        with self.engine.lock:
+            reqs = self._process(prompts,
+                                 lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
+            outs = self._run([[r] for r in reqs], use_tqdm)
         made = [o.outputs for o in outs if o.outputs is not None]
         if made:  # one device-to-host copy for all vectors
             host = torch.stack([m.data for m in made]).float().cpu()
@@ -183,30 +192,43 @@ class LLM:
             )
 
     def _run(self, groups: list[list[Request]], use_tqdm: bool) -> list[Any]:
-        """Step until every group is done; a group of n samples becomes one RequestOutput."""
-        done: dict[str, Any] = {}
+        """Queue every group's requests and step until each has finished (the caller holds
+        the engine's lock); a group of n samples becomes one RequestOutput. Other callers'
+        outputs are kept for ``engine.step()``."""
+        engine = self.engine
         group_of = {r.req_id: g for g, group in enumerate(groups) for r in group}
         left = [len(group) for group in groups]
+        done: dict[str, Any] = {}
+        others: list[Any] = []
+        pending = set(group_of)
         bar = tqdm(total=len(groups), disable=not use_tqdm, desc="Processed prompts")
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                g = group_of.get(out.request_id)
-                if g is not None:
-                    done[out.request_id] = out
-                    left[g] -= 1
-                    if left[g] == 0:
-                        bar.update(1)
-        bar.close()
+        try:
+            for group in groups:
+                for r in group:
+                    engine.add_processed(r)
+            while pending:
+                if not engine.core.has_unfinished():
+                    raise RuntimeError(f"the engine has nothing left to run but requests {sorted(pending)} never "
+                                       "finished (an engine bug)")
+                for out in engine.step_core():
+                    if out.request_id in pending:
+                        pending.discard(out.request_id)
+                        done[out.request_id] = out
+                        g = group_of[out.request_id]
+                        left[g] -= 1
+                        if left[g] == 0:
+                            bar.update(1)
+                    else:
+                        others.append(out)
+        except BaseException:
+            for req_id in pending:  # so that an interrupted call leaves nothing of its own queued
+                engine.abort_request(req_id)
+            engine.core.forget(pending)
+            raise
+        finally:
+            engine.hold(others)
+            bar.close()
         return [_gather([done[r.req_id] for r in group]) for group in groups]
-
-
-def _as_prompt_list(prompts: Any) -> list:
-    """A single prompt (text, token ids or a prompt dict) becomes a list of one."""
-    if isinstance(prompts, (str, Mapping)) or (
-        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-    ):
-        return [prompts]
-    return list(prompts)
 
 
 def _gather(outs: list[Any]) -> Any:
@@ -222,6 +244,20 @@ def _gather(outs: list[Any]) -> Any:
         num_preemptions=sum(o.num_preemptions for o in outs), first_token_time=min(times, default=None),
         finish_time=max((o.finish_time for o in outs if o.finish_time is not None), default=None),
     )
+
+
+
+def _prompt_list(prompts: Any) -> list:
+    """The prompts of a call as a list: one prompt (a str, a dict or a list of ints) or a
+    list of them."""
+    if isinstance(prompts, (str, Mapping)):
+        return [prompts]
+    if isinstance(prompts, (list, tuple)):
+        if prompts and isinstance(prompts[0], int) and not isinstance(prompts[0], bool):
+            return [prompts]
+        return list(prompts)
+    raise ValueError(f"prompts of type {type(prompts).__name__} are not accepted: expected one prompt "
+                     f"({PROMPT_FORMS}) or a list of them")
 
 
 def _max_positions(model: str | Path) -> int | None:

@@ -5,7 +5,7 @@ joins its three parts: the InputProcessor (prompts -> validated Requests), the E
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+import threading
 
 import torch
 
@@ -20,7 +20,7 @@ from core_runner.engine.defaults import (
     resolve_dtype,
 )
 from core_runner.engine.engine_core import EngineCore
-from core_runner.engine.input_processor import InputProcessor
+from core_runner.engine.input_processor import InputProcessor, Prompt
 from core_runner.engine.output_processor import OutputProcessor
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
@@ -64,7 +64,11 @@ def available_memory(device: torch.device) -> tuple[int, int]:
 class LLMEngine:
     """One model's engine. ``memory_probe(device) -> (free, total) bytes`` (or free bytes
     alone) replaces the default memory reading when the KV pool is sized from memory
-    (tests inject one)."""
+    (tests inject one).
+
+    Threads: ``add_request``, ``abort_request`` and ``step`` hold ``lock`` (re-entrant), and
+    ``LLM.generate`` / ``embed`` hold it for their whole call, so calls from several threads
+    are serialized, never interleaved within a step."""
 
     def __init__(
         self, config: EngineConfig, plugins: PluginManager | None = None, *,
@@ -121,6 +125,10 @@ class LLMEngine:
             resolve_pooling=getattr(self.model_state, "resolve_pooling_params", None),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self.lock = threading.RLock()
+        # outputs of requests added here that finished while LLM.generate was stepping the
+        # engine for its own: kept for the next ``step()``, their owner's
+        self._held: list[RequestOutput] = []
         self.debug = EngineDebug(self)
         logger.info("engine ready: %s via plugin %r, %d KV blocks of %d tokens, plan %s",
                     self.architecture, self.registration.plugin, self.num_blocks, config.block_size, self.plan)
@@ -189,30 +197,49 @@ class LLMEngine:
 
     # ---- requests -----------------------------------------------------------------
     def add_request(
-        self, prompt: str | Sequence[int], params: SamplingParams | None = None, req_id: str | None = None,
+        self, prompt: Prompt, params: SamplingParams | None = None, req_id: str | None = None,
         pooling_params: PoolingParams | None = None,
     ) -> str:
         """Validate and queue one request; a bad one raises here and leaves the others untouched.
-        A generation request without params gets ``default_sampling_params()``."""
+        ``prompt``: a str, a list of int token ids, ``{"prompt": str}`` or
+        ``{"prompt_token_ids": list[int]}``. A generation request without params gets
+        ``default_sampling_params()``."""
         if params is None and pooling_params is None and "generate" in self.tasks:
             params = self.default_sampling_params()
         return self.add_processed(self.input_processor.process(prompt, params, req_id, pooling_params))
 
     def add_processed(self, req: Request) -> str:
         """Queue a Request the InputProcessor made (``LLM`` validates a whole batch first)."""
-        self.output_processor.add_request(req)
-        self.core.add_request(req)
+        with self.lock:
+            self.output_processor.add_request(req)
+            self.core.add_request(req)
         return req.req_id
 
     def abort_request(self, req_id: str) -> None:
-        self.core.abort(req_id)
+        with self.lock:
+            self.core.abort(req_id)
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished()
+        """True while a request runs or a finished one's output is still to be returned by
+        ``step()``."""
+        return self.core.has_unfinished() or bool(self._held)
 
     def step(self) -> list[RequestOutput]:
-        """Launch one step; return the requests finished by the oldest step in flight."""
-        return [self.output_processor.make_output(r) for r in self.core.step()]
+        """Launch one step; return the requests finished by the oldest step in flight (after
+        any that finished while ``LLM.generate`` stepped the engine)."""
+        with self.lock:
+            held, self._held = self._held, []
+            return held + self.step_core()
+
+    def step_core(self) -> list[RequestOutput]:
+        """One step's finished outputs only (``LLM`` keeps the others' with ``hold``)."""
+        with self.lock:
+            return [self.output_processor.make_output(r) for r in self.core.step()]
+
+    def hold(self, outputs: list[RequestOutput]) -> None:
+        """Keep outputs for the next ``step()`` (their owner added them at the engine level)."""
+        with self.lock:
+            self._held.extend(outputs)
 
     def dummy_run(self, num_reqs: int, num_tokens: int) -> None:
         self.core.dummy_run(num_reqs, num_tokens)

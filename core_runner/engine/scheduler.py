@@ -77,6 +77,18 @@ class Scheduler:
         req.block_ids = []
         del self.requests[req.req_id]
 
+    def fail(self, req_ids: list[str]) -> list[Request]:
+        """Finish these requests with "error" (a step fault left their state unknown); their
+        blocks are freed and their in-flight samples forgotten. Unknown ids are skipped."""
+        failed = []
+        for req_id in req_ids:
+            req = self.requests.get(req_id)
+            if req is not None:
+                req.num_pending = 0
+                self._finish(req, "error")
+                failed.append(req)
+        return failed
+
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
         self.pool.free(req.block_ids)
@@ -174,9 +186,12 @@ class Scheduler:
             budget -= n
         return out
 
-    def update_from_output(self, out: SchedulerOutput, result: ModelRunnerOutput) -> list[Request]:
-        """Take the sampled values of one step; returns the requests that finished."""
-        finished = []
+    def update_from_output(
+        self, out: SchedulerOutput, result: ModelRunnerOutput, finished: list[Request] | None = None,
+    ) -> list[Request]:
+        """Take the sampled values of one step; returns the requests that finished (appended
+        to ``finished`` when given, so that a caller interrupted midway keeps them)."""
+        finished = [] if finished is None else finished
         sampled = dict(zip(result.req_ids, result.sampled_token_ids))
         pooled = dict(zip(result.req_ids, result.pooled)) if result.pooled else {}
         for req_id, (first, entries) in result.prompt_logprobs.items():
@@ -194,6 +209,12 @@ class Scheduler:
                 finished.append(req)
                 continue
             token = sampled[req_id]
+            if token < 0:  # the runner flags a token sampled from non-finite logits this way
+                logger.error("request %s: the model produced non-finite logits (token %d sampled from "
+                             "NaN/inf); finishing it with finish_reason='error'", req_id, -1 - token)
+                self._finish(req, "error")
+                finished.append(req)
+                continue
             req.output_token_ids.append(token)
             if req.logprobs is not None:
                 entry, rank = result.logprobs[req_id]

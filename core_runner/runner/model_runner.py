@@ -80,11 +80,7 @@ class ModelRunner:
             n = max(1, out.total_num_scheduled_tokens)
             return self._run(self._dummy_batch(max(1, len(out.num_scheduled_tokens)), n))
         # 1. removals (finished and preempted alike) before additions
-        for req_id in out.finished_req_ids | out.preempted_req_ids:
-            row = self.req_state.remove(req_id)
-            if row is not None:
-                self.sampling.remove_request(row)
-                self.model_state.remove_request(row)
+        self._remove(out.finished_req_ids | out.preempted_req_ids)
         # 2. additions
         for new in out.new_reqs:
             row = self.req_state.add(new)
@@ -105,6 +101,25 @@ class ModelRunner:
         q_lens = [sched[r] for r in req_ids]
         computed = [out.num_computed_tokens[r] for r in req_ids]
         return self._run(self._build_batch(req_ids, rows, q_lens, computed))
+
+    def _remove(self, req_ids: set[str] | list[str]) -> None:
+        for req_id in req_ids:
+            row = self.req_state.remove(req_id)
+            if row is not None:
+                self.sampling.remove_request(row)
+                self.model_state.remove_request(row)
+
+    def reset_rows(self, req_ids: list[str]) -> None:
+        """After a failed step: free these requests' rows now (ids without a row are
+        skipped). Writes staged for the failed step are flushed first, so none of them
+        lands on a row after it is reused; a table whose flush fails drops its writes
+        (StagedWriteTensor clears them either way)."""
+        for part in (self.req_state, self.sampling, self.model_state):
+            try:
+                part.apply_staged_writes()
+            except Exception:
+                logger.exception("discarding the staged writes of %s after a failed step", type(part).__name__)
+        self._remove(req_ids)
 
     def _dummy_batch(self, num_reqs: int, num_tokens: int, key: GraphKey | None = None) -> InputBatch:
         """Every request points at the scratch row (no cached tokens); no slot is written.
@@ -196,7 +211,12 @@ class ModelRunner:
             post_update_ref(*post_args)
         self.model_state.postprocess_state(batch, sampled)
         extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
-        return AsyncOutput(batch.req_ids, sampled, None, self.copy_stream, extra)
+        # A row whose sampled token has a NaN / inf logit (fp16 overflow makes the whole row
+        # NaN) reaches the host as -1 - token, which the scheduler finishes with "error";
+        # the device keeps the plain token. O(rows) and no sync: the flag rides the copy.
+        bad = ~torch.isfinite(logits.gather(1, sampled.view(-1, 1).long()).view(-1))
+        host = torch.where(bad, -1 - sampled, sampled)
+        return AsyncOutput(batch.req_ids, host, None, self.copy_stream, extra)
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor) -> SamplerOutput:
         return sample(logits, batch, self.sampling, self.sampler_triton)

@@ -82,8 +82,14 @@ class StagedWriteTensor:
         if not self._idx:
             return
         n = len(self._idx)
-        idx = torch.tensor(self._idx, dtype=torch.int64)
-        vals = _to_bits(torch.tensor(self._vals, dtype=self.gpu.dtype))
+        try:
+            idx = torch.tensor(self._idx, dtype=torch.int64)
+            vals = _to_bits(torch.tensor(self._vals, dtype=self.gpu.dtype))
+        finally:
+            # a value the dtype cannot hold fails here: the batch is dropped (it belongs
+            # to the failed step) so that it cannot fail every later step too
+            self._idx.clear()
+            self._vals.clear()
         packed = torch.cat([idx, vals])
         if self._pin:
             packed = packed.pin_memory()
@@ -92,8 +98,6 @@ class StagedWriteTensor:
             _triton_scatter()(self.gpu.view(-1), packed, n)
         else:
             self.gpu.view(-1).index_copy_(0, packed[:n], _from_bits(packed[n:], self.gpu.dtype))
-        self._idx.clear()
-        self._vals.clear()
 
 
 class UvaBackedTensor:
