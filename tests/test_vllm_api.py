@@ -76,9 +76,9 @@ def test_prompt_forms(llm):
     assert all(o.prompt_token_ids == ids for o in outs)
     single = llm.generate({"prompt_token_ids": ids}, greedy(), use_tqdm=False)
     assert len(single) == 1 and single[0].token_ids == outs[0].token_ids
-    with pytest.raises(ValueError, match=r"prompt 1: prompt dict has keys \['text'\]"):
+    with pytest.raises(ValueError, match=r"prompt 1: a dict prompt with keys \['text'\] is not accepted"):
         llm.generate([text, {"text": text}], greedy(), use_tqdm=False)
-    with pytest.raises(TypeError, match="not float"):
+    with pytest.raises(ValueError, match="prompt 0: a prompt of type float 3.5 is not accepted"):
         llm.generate([3.5], greedy(), use_tqdm=False)
     assert not llm.engine.has_unfinished_requests()
 
