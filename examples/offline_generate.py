@@ -2,7 +2,7 @@
 
     python examples/offline_generate.py [--model PATH]
 
-Without --model it uses the built-in demo checkpoint (random weights: gibberish text).
+Without --model it uses the built-in demo checkpoint (a tiny model trained on English text).
 Shows the prompt forms (text, token ids, prompt dicts), one SamplingParams per prompt, a
 seeded sample, n samples of one prompt and logprobs.
 """
