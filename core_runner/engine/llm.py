@@ -149,11 +149,12 @@ class LLM:
         ids = [r.req_id for r in reqs]
         done: dict[str, RequestOutput] = {}
         others: list[RequestOutput] = []
-        pending = set(ids)
+        pending: set[str] = set()  # only ids this call queued: an id clash must not abort another's request
         bar = tqdm(total=len(ids), disable=not use_tqdm, desc="requests")
         try:
             for r in reqs:
                 engine.add_processed(r)
+                pending.add(r.req_id)
             while pending:
                 if not engine.core.has_unfinished():
                     raise RuntimeError(f"the engine has nothing left to run but requests {sorted(pending)} never "
