@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from helpers import cdiv, greedy, hf_greedy, random_prompts
 
 from core_runner import LLM
@@ -74,3 +75,17 @@ def test_generate_does_not_wait_for_other_requests(untied):
     while llm.engine.has_unfinished_requests():
         got.update({o.req_id: o for o in llm.engine.step()})
     assert got["theirs"].token_ids == hf_greedy(untied, theirs, 16)
+
+
+def test_an_id_clash_in_generate_does_not_abort_the_other_request(untied):
+    llm = _llm(untied)
+    mine, theirs = random_prompts([5, 9], seed=14)
+    nxt = str(next(llm.engine.input_processor._ids) + 1)  # the id generate's second prompt will get
+    llm.engine.add_request(theirs, greedy(3), req_id=nxt)
+    with pytest.raises(ValueError, match=f"request id '{nxt}' is already in use"):
+        llm.generate([mine, mine], greedy(3))
+    got = {}
+    while llm.engine.has_unfinished_requests():
+        got.update({o.req_id: o for o in llm.engine.step()})
+    assert set(got) == {nxt}
+    assert got[nxt].token_ids == hf_greedy(untied, theirs, 3)

@@ -200,12 +200,13 @@ class LLM:
         left = [len(group) for group in groups]
         done: dict[str, Any] = {}
         others: list[Any] = []
-        pending = set(group_of)
+        pending: set[str] = set()  # only ids this call queued: an id clash must not abort another's request
         bar = tqdm(total=len(groups), disable=not use_tqdm, desc="Processed prompts")
         try:
             for group in groups:
                 for r in group:
                     engine.add_processed(r)
+                    pending.add(r.req_id)
             while pending:
                 if not engine.core.has_unfinished():
                     raise RuntimeError(f"the engine has nothing left to run but requests {sorted(pending)} never "

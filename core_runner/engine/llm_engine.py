@@ -206,7 +206,8 @@ class LLMEngine:
         ``default_sampling_params()``."""
         if params is None and pooling_params is None and "generate" in self.tasks:
             params = self.default_sampling_params()
-        return self.add_processed(self.input_processor.process(prompt, params, req_id, pooling_params))
+        with self.lock:  # the InputProcessor's id counter and seed RNG are shared
+            return self.add_processed(self.input_processor.process(prompt, params, req_id, pooling_params))
 
     def add_processed(self, req: Request) -> str:
         """Queue a Request the InputProcessor made (``LLM`` validates a whole batch first)."""
