@@ -148,7 +148,8 @@ def dummy_run_changes_nothing(ctx: Ctx) -> None:
 # CR-STATE-03
 # ---------------------------------------------------------------------------------
 def _logprob_shape(out: Any) -> Any:
-    lp = getattr(out, "logprobs", None)
+    """Entries per generated token of the first sample (vLLM's ``outputs[0].logprobs``)."""
+    lp = out.outputs[0].logprobs
     if lp is None:
         return None
     return [len(x) if hasattr(x, "__len__") else 1 for x in lp]

@@ -74,10 +74,18 @@ def load_generation_defaults(path: str | Path, hf_config: Any, mode: str = "auto
 
         # read first: a bad file or EOS value is named here, not deep inside transformers
         ids = eos_ids(read_json(file, "the generation defaults (a JSON object)").get("eos_token_id"), str(file))
+        from transformers.utils import logging as hf_logging
+
+        # transformers warns that sampling values "may be ignored" when do_sample is off; the
+        # engine applies them itself, so the warning would only mislead
+        level = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()
         try:
             gen = GenerationConfig.from_pretrained(str(file.parent))
         except (OSError, ValueError, TypeError) as e:
             raise ValueError(f"{file}: not a valid generation config: {e}") from e
+        finally:
+            hf_logging.set_verbosity(level)
         if mode == "auto":
             diff = gen.to_diff_dict()
             sampling = {dst: diff[src] for src, dst in _SAMPLING_KEYS.items() if diff.get(src) is not None}
