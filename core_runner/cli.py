@@ -83,7 +83,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         from core_runner.demo import demo_checkpoint
 
         model = demo_checkpoint()
-        print(f"# no --model given: using the built-in demo checkpoint {model} (a tiny model trained on English text)", file=sys.stderr)
+        print(f"# no --model given: using the built-in demo checkpoint {model} (a tiny trained model)", file=sys.stderr)
     llm = LLM(model, **_engine_options(a))
     given = {k: getattr(a, k) for k in ("max_tokens", "temperature", "top_k", "top_p", "seed")
              if getattr(a, k) is not None}
@@ -142,7 +142,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         from core_runner.demo import demo_checkpoint
 
         model = demo_checkpoint()
-        print(f"# no model given: serving the built-in demo checkpoint {model} (a tiny model trained on English text)", file=sys.stderr)
+        print(f"# no model given: serving the built-in demo checkpoint {model} (a tiny trained model)", file=sys.stderr)
     llm = LLM(model, **_engine_options(a))
     serve(llm.engine, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
           max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout)
