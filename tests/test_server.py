@@ -241,16 +241,20 @@ def _wait_idle(server) -> None:
         time.sleep(0.05)
 
 
-def test_load_32_streams_match_offline_then_8_disconnects_leak_nothing(server, offline):
-    prompts = [f"The {w} of the day" for w in ("rain", "sun", "wind", "snow")] * 8
-    kws = [dict(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=10) for i in range(32)]
-    want = [o.text for o in offline.generate(prompts, [_params(offline, **k) for k in kws])]
-    aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+def test_load_256_streams_match_offline_then_50_disconnects_leak_nothing(server, offline):
+    n = 256
+    prompts = [f"The {w} of the day" for w in ("rain", "sun", "wind", "snow")] * (n // 4)
+    kws = [dict(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=10) for i in range(n)]
+    want = [o.text for o in offline.generate(prompts, [_params(offline, **k) for k in kws], use_tqdm=False)]
+    aclient = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    ttft: list[float] = []
 
     async def one(p, kw):
-        text = ""
+        text, start = "", time.perf_counter()
         async for c in await aclient.completions.create(model="demo", prompt=p, stream=True, **kw):
-            text += c.choices[0].text
+            if not text and c.choices and c.choices[0].text:
+                ttft.append(time.perf_counter() - start)
+            text += c.choices[0].text if c.choices else ""
         return text
 
     async def load():
@@ -259,8 +263,13 @@ def test_load_32_streams_match_offline_then_8_disconnects_leak_nothing(server, o
         finally:
             await aclient.close()
 
+    start = time.perf_counter()
     got = asyncio.run(load())
+    elapsed = time.perf_counter() - start
     assert got == want
+    ttft.sort()
+    print(f"\n{n} concurrent streams: TTFT p50 {1e3 * ttft[len(ttft) // 2]:.0f} ms, p99 "
+          f"{1e3 * ttft[int(len(ttft) * 0.99)]:.0f} ms; {n * 10 / elapsed:.0f} output tok/s ({elapsed:.1f} s)")
 
     before = server.app.state.llm.num_aborted
 
@@ -276,11 +285,11 @@ def test_load_32_streams_match_offline_then_8_disconnects_leak_nothing(server, o
 
     async def disconnects():
         async with httpx.AsyncClient(timeout=60) as c:
-            await asyncio.gather(*(disconnect(c, i) for i in range(8)))
+            await asyncio.gather(*(disconnect(c, i) for i in range(50)))
 
     asyncio.run(disconnects())
     _wait_idle(server)
-    assert server.app.state.llm.num_aborted - before == 8
+    assert server.app.state.llm.num_aborted - before == 50
     deadline = time.monotonic() + 10
     while True:
         metrics = httpx.get(server.url + "/metrics").text
