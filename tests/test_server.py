@@ -114,6 +114,29 @@ def test_completion_equals_offline_generate(client, offline):
     assert r2.choices[1].text == _offline_text(offline, "Once upon", **SEEDED)[0]
 
 
+def test_n_choices_equal_offline_n_samples(client, offline):
+    """n seeded choices per prompt are the offline generate's n samples (seeds seed + j),
+    indexed prompt by prompt; streamed chat choices carry their own index."""
+    want = [c.text for c in offline.generate(["The weather today is"], _params(offline, n=3, **SEEDED),
+                                             use_tqdm=False)[0].outputs]
+    assert len(set(want)) > 1, "seeded samples should differ"
+    r = client.completions.create(model="demo", prompt=["The weather today is", "Once upon"], n=3, **SEEDED)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices[:3]] == want
+    one = client.completions.create(model="demo", prompt="The weather today is", **SEEDED)
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens + client.completions.create(
+        model="demo", prompt="Once upon", **SEEDED).usage.prompt_tokens, "a prompt's tokens count once"
+    chunks = list(client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}],
+                                                 n=2, stream=True, **SEEDED))
+    texts = {0: "", 1: ""}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.delta.content or ""
+    full = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], n=2,
+                                          **SEEDED)
+    assert [texts[0], texts[1]] == [c.message.content for c in full.choices]
+
+
 def test_streamed_completion_equals_offline_and_reports_usage(client, offline):
     want, reason = _offline_text(offline, "The weather today is", **SEEDED)
     chunks = list(client.completions.create(model="demo", prompt="The weather today is", stream=True,
@@ -165,7 +188,7 @@ def test_chat_without_a_template_is_a_400_naming_it(server, client):
     (dict(temperature=-1.0), "temperature"),
     (dict(top_p=1.5), "top_p"),
     (dict(max_tokens=0), "max_tokens"),
-    (dict(n=2), "n"),
+    (dict(n=0), "n"),
     (dict(logit_bias={"abc": 1.0}), "logit_bias"),
     (dict(extra_body={"top_k": "x"}), "top_k"),
     (dict(stop=[""]), "stop"),

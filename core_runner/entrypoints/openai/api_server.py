@@ -9,6 +9,7 @@ AsyncLLM iterators and so aborts the requests.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -133,13 +134,19 @@ class _Handlers:
                            f"{list(self.engine.tasks)}, this endpoint needs {task!r}", "model")
 
     async def _start(self, prompts: list, params, param: str) -> list[AsyncIterator[Delta]]:
-        """One iterator per prompt, each already past its first delta (so input errors are a 400)."""
+        """One iterator per choice, each already past its first delta (so input errors are a
+        400): ``params.n`` per prompt, choice ``i * n + j`` being sample j of prompt i, seeded
+        ``seed + j`` when seeded (as ``LLM.generate`` fans out n)."""
         rid = uuid.uuid4().hex
         started = []
+        n = params.n
         try:
             for i, p in enumerate(prompts):
-                started.append(_Primed(self.llm.generate(p, params, f"{rid}-{i}")))
-                await started[-1].prime()
+                for j in range(n):
+                    seed = None if params.seed is None else (params.seed + j) % 2**63
+                    one = dataclasses.replace(params, n=1, seed=seed)
+                    started.append(_Primed(self.llm.generate(p, one, f"{rid}-{i}-{j}")))
+                    await started[-1].prime()
         except ValueError as e:
             for s in started:
                 await s.aclose()
@@ -166,7 +173,7 @@ class _Handlers:
             async def events() -> AsyncIterator[str]:
                 counts: dict[int, tuple[int, int]] = {}
                 async for i, d in _merge(gens):
-                    counts[i] = (d.num_prompt_tokens, d.num_output_tokens)
+                    counts[i] = (d.num_prompt_tokens if i % params.n == 0 else 0, d.num_output_tokens)
                     if d.text or d.finished or d.logprobs:
                         choice = {"index": i, "text": d.text, "logprobs": self._completion_logprobs(d),
                                   "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
@@ -178,8 +185,8 @@ class _Handlers:
         finals = await _collect(gens)
         choices = [{"index": i, "text": d.text, "logprobs": self._completion_logprobs(d),
                     "finish_reason": d.finish_reason, "stop_reason": d.stop_reason} for i, d in enumerate(finals)]
-        return JSONResponse({**head, "choices": choices,
-                             "usage": _usage((d.num_prompt_tokens, d.num_output_tokens) for d in finals)})
+        return JSONResponse({**head, "choices": choices, "usage": _usage(
+            (d.num_prompt_tokens if i % params.n == 0 else 0, d.num_output_tokens) for i, d in enumerate(finals))})
 
     def _completion_logprobs(self, d: Delta) -> dict | None:
         if d.logprobs is None:
@@ -220,25 +227,26 @@ class _Handlers:
                 first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}
                 yield _sse({**head, "choices": [first]})
-                last = None
-                async for _, d in _merge(gens):
-                    last = d
+                counts: dict[int, tuple[int, int]] = {}
+                for j in range(1, len(gens)):
+                    yield _sse({**head, "choices": [{**first, "index": j}]})
+                async for j, d in _merge(gens):
+                    counts[j] = (d.num_prompt_tokens if j == 0 else 0, d.num_output_tokens)
                     if d.text or d.finished or d.logprobs:
-                        choice = {"index": 0, "delta": {"content": d.text} if d.text else {},
+                        choice = {"index": j, "delta": {"content": d.text} if d.text else {},
                                   "logprobs": self._chat_logprobs(d, top), "finish_reason": d.finish_reason,
                                   "stop_reason": d.stop_reason}
                         yield _sse({**head, "choices": [choice]})
-                if usage and last is not None:
-                    yield _sse({**head, "choices": [], "usage": _usage([(last.num_prompt_tokens,
-                                                                          last.num_output_tokens)])})
+                if usage and counts:
+                    yield _sse({**head, "choices": [], "usage": _usage(counts.values())})
                 yield "data: [DONE]\n\n"
             return _stream(events())
-        (d,) = await _collect(gens)
-        choice = {"index": 0, "message": {"role": "assistant", "content": d.text},
-                  "logprobs": self._chat_logprobs(d, top), "finish_reason": d.finish_reason,
-                  "stop_reason": d.stop_reason}
-        return JSONResponse({**head, "choices": [choice],
-                             "usage": _usage([(d.num_prompt_tokens, d.num_output_tokens)])})
+        finals = await _collect(gens)
+        choices = [{"index": j, "message": {"role": "assistant", "content": d.text},
+                    "logprobs": self._chat_logprobs(d, top), "finish_reason": d.finish_reason,
+                    "stop_reason": d.stop_reason} for j, d in enumerate(finals)]
+        return JSONResponse({**head, "choices": choices, "usage": _usage(
+            (d.num_prompt_tokens if j == 0 else 0, d.num_output_tokens) for j, d in enumerate(finals))})
 
     def _render_chat(self, msgs: list[dict]) -> list[int]:
         tok = self.engine.tokenizer

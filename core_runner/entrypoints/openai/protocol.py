@@ -50,6 +50,10 @@ def check_unsupported(body: dict, names: tuple[str, ...]) -> None:
             raise APIError(f"{name}={body[name]!r} is not supported by this server (leave it out)", name)
 
 
+# choices per prompt a request may ask for (each is a request of its own in the engine)
+MAX_N = 128
+
+
 def sampling_params(body: dict, base: SamplingParams, *, chat: bool) -> tuple[SamplingParams, bool]:
     """SamplingParams for a completions (``chat=False``) or chat body, starting from the
     model's defaults ``base``; also whether max_tokens was given (chat fills the rest of
@@ -68,10 +72,10 @@ def sampling_params(body: dict, base: SamplingParams, *, chat: bool) -> tuple[Sa
                 raise APIError(f"{name} must be an integer, got {v!r}", name)
             fields[target] = v
     n = body.get("n")
-    if n is not None and n != 1:
-        if not _is_int(n) or n < 1:
-            raise APIError(f"n must be a positive integer, got {n!r}", "n")
-        raise APIError(f"n={n} is not supported yet: ask for one choice (n=1) per request", "n")
+    if n is not None:
+        if not _is_int(n) or not 1 <= n <= MAX_N:
+            raise APIError(f"n must be an integer in [1, {MAX_N}], got {n!r}", "n")
+        fields["n"] = n
     names = ("max_completion_tokens", "max_tokens") if chat else ("max_tokens",)
     given = False
     for name in names:
