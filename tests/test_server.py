@@ -372,3 +372,31 @@ def test_streamed_text_never_shows_a_stop_string(client, offline):
                                             **SEEDED))
     assert "".join(c.choices[0].text for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].choices[0].model_extra["stop_reason"] == stop
+
+
+def test_include_stop_str_in_output_streamed_and_not(client, offline):
+    """vLLM's include_stop_str_in_output from the request body: the text ends with the stop
+    string, streamed or not, as offline."""
+    full, _ = _offline_text(offline, "Once upon a time", **SEEDED)
+    stop = full[len(full) // 2: len(full) // 2 + 3]
+    want, reason = _offline_text(offline, "Once upon a time", stop=[stop], include_stop_str_in_output=True,
+                                 **SEEDED)
+    assert reason == "stop" and want.endswith(stop)
+    extra = {"include_stop_str_in_output": True}
+    r = client.completions.create(model="demo", prompt="Once upon a time", stop=stop, extra_body=extra, **SEEDED)
+    assert r.choices[0].text == want
+    chunks = list(client.completions.create(model="demo", prompt="Once upon a time", stream=True, stop=stop,
+                                            extra_body=extra, **SEEDED))
+    assert "".join(c.choices[0].text for c in chunks) == want
+
+
+def test_non_streamed_request_is_aborted_when_its_client_disconnects(server):
+    """A client that gives up on a non-streamed completion (here: its read timeout) closes the
+    connection; the server aborts the request instead of running it to max_tokens."""
+    before = server.app.state.llm.num_aborted
+    body = {"model": "demo", "prompt": "hello", "max_tokens": 240, "ignore_eos": True}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"},
+                   timeout=httpx.Timeout(10.0, read=0.05))
+    _wait_idle(server)
+    assert server.app.state.llm.num_aborted - before == 1

@@ -61,6 +61,10 @@ def create_app(
                        type="invalid_request_error" if e.status_code < 500 else "internal_server_error")
         return JSONResponse(err.body(), status_code=e.status_code)
 
+    @app.exception_handler(_ClientGone)
+    async def _gone(request: Request, e: _ClientGone) -> Response:
+        return Response(status_code=499)  # nobody reads it: the connection is closed
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception) -> JSONResponse:
         logger.exception("internal error serving %s", request.url.path)
@@ -182,7 +186,7 @@ class _Handlers:
                     yield _sse({**head, "choices": [], "usage": _usage(counts.values())})
                 yield "data: [DONE]\n\n"
             return _stream(events())
-        finals = await _collect(gens)
+        finals = await _collect_while_connected(request, gens)
         choices = [{"index": i, "text": d.text, "logprobs": self._completion_logprobs(d),
                     "finish_reason": d.finish_reason, "stop_reason": d.stop_reason} for i, d in enumerate(finals)]
         return JSONResponse({**head, "choices": choices, "usage": _usage(
@@ -241,7 +245,7 @@ class _Handlers:
                     yield _sse({**head, "choices": [], "usage": _usage(counts.values())})
                 yield "data: [DONE]\n\n"
             return _stream(events())
-        finals = await _collect(gens)
+        finals = await _collect_while_connected(request, gens)
         choices = [{"index": j, "message": {"role": "assistant", "content": d.text},
                     "logprobs": self._chat_logprobs(d, top), "finish_reason": d.finish_reason,
                     "stop_reason": d.stop_reason} for j, d in enumerate(finals)]
@@ -286,6 +290,10 @@ class _Handlers:
         n = sum(d.num_prompt_tokens for d in outs)
         return JSONResponse({"object": "list", "data": data, "model": self.name,
                              "usage": {"prompt_tokens": n, "total_tokens": n}})
+
+
+# how often a non-streamed request checks that its client is still connected
+_DISCONNECT_POLL_S = 0.1
 
 
 class _Primed:
@@ -342,6 +350,24 @@ async def _merge(gens: list[_Primed]) -> AsyncIterator[tuple[int, Delta]]:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class _ClientGone(Exception):
+    """The client of a non-streamed request disconnected before its answer was ready."""
+
+
+async def _collect_while_connected(request: Request, gens: list[_Primed]) -> list[Delta]:
+    """``_collect``, aborting the requests when the client disconnects meanwhile (a
+    non-streamed request is otherwise never cancelled by the server)."""
+    task = asyncio.ensure_future(_collect(gens))
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()  # _merge closes every iterator: AsyncLLM aborts their requests
+            await asyncio.gather(task, return_exceptions=True)
+            raise _ClientGone()
 
 
 async def _collect(gens: list[_Primed]) -> list[Delta]:

@@ -99,7 +99,7 @@ def sampling_params(body: dict, base: SamplingParams, *, chat: bool) -> tuple[Sa
         if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
             raise APIError(f"stop_token_ids must be a list of integers, got {ids!r}", "stop_token_ids")
         fields["stop_token_ids"] = ids
-    for flag in ("ignore_eos",):
+    for flag in ("ignore_eos", "include_stop_str_in_output"):
         if body.get(flag) is not None:
             if not isinstance(body[flag], bool):
                 raise APIError(f"{flag} must be true or false, got {body[flag]!r}", flag)
