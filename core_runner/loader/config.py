@@ -6,13 +6,10 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from core_runner.loader.files import CheckpointError, read_json
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt")
 
 
