@@ -5,11 +5,31 @@ computes and returns. Parameters carry ``weight_loader(param, tensor, shard_id=N
 (see ``default_weight_loader`` and README "Writing a plugin" for the loading hooks)."""
 from core_runner.layers.activation import SiluAndMul
 from core_runner.layers.attention import Attention
-from core_runner.layers.embedding import LMHead, VocabEmbedding
+from core_runner.layers.embedding import LMHead, ParallelLMHead, VocabEmbedding, VocabParallelEmbedding
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping, fused_moe_ref
 from core_runner.layers.gelu import GELU, gelu_from_name
 from core_runner.layers.layernorm import LayerNorm
-from core_runner.layers.linear import Linear, MergedLinear, QKVLinear, default_weight_loader
+from core_runner.distributed import (
+    divide,
+    expert_parallel_enabled,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+from core_runner.layers.linear import (
+    ColumnParallelLinear,
+    Linear,
+    MergedColumnParallelLinear,
+    MergedLinear,
+    QKVLinear,
+    QKVParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+    copy_into,
+    default_weight_loader,
+    materialize,
+)
 from core_runner.layers.mamba2 import DepthwiseConv1d, GatedRMSNorm, Mamba2Mixer
 from core_runner.layers.mla import MLAAttention
 from core_runner.layers.moe_routing import grouped_topk_v2, grouped_topk_v3, softmax_topk
@@ -25,6 +45,10 @@ from core_runner.layers.rope_config import (
 from core_runner.layers.rotary import RotaryEmbedding, get_rope, rope_theta_of
 
 __all__ = [
+    "ColumnParallelLinear", "copy_into", "divide", "expert_parallel_enabled", "get_tensor_model_parallel_rank",
+    "get_tensor_model_parallel_world_size", "materialize", "MergedColumnParallelLinear", "ParallelLMHead",
+    "QKVParallelLinear", "ReplicatedLinear", "RowParallelLinear", "tensor_model_parallel_all_gather",
+    "tensor_model_parallel_all_reduce", "VocabParallelEmbedding",
     "Attention", "cos_sin_of", "default_inv_freq", "default_weight_loader", "DepthwiseConv1d",
     "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GatedRMSNorm", "GELU", "gelu_from_name", "get_rope",
     "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer", "MergedLinear",

@@ -1,34 +1,81 @@
+"""Token embedding and LM head, split over the vocabulary across tensor-parallel ranks.
+
+Each rank holds a contiguous block of ``ceil(vocab / tp)`` rows (the last block is
+padded with zero rows). The embedding looks up the ids of its block, zeros the others
+and all-reduces; the LM head computes its block of logits and all-gathers them, trimmed
+to the vocabulary, so every rank gets the full [T, vocab] logits (each rank samples the
+same token from them). With one rank both are plain lookups / products.
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core_runner.layers.linear import default_weight_loader
+from core_runner.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+from core_runner.layers.linear import copy_into
 
 
-class VocabEmbedding(nn.Module):
-    """Token embedding: ``forward(input_ids [T]) -> weight[input_ids]`` ([T, hidden_size]).
-    ``weight`` is [vocab_size, hidden_size], loaded as the checkpoint's ``embed_tokens``."""
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+class VocabParallelEmbedding(nn.Module):
+    """Token embedding: ``forward(input_ids [T]) -> [T, embedding_dim]``. ``weight`` is this
+    rank's rows [rank * n, (rank + 1) * n) of the checkpoint's [num_embeddings,
+    embedding_dim] matrix (n = ceil(num_embeddings / tp))."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-        self.weight.weight_loader = default_weight_loader
+        self.tp_size, self.tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
+        self.rows_per_partition = -(-num_embeddings // self.tp_size)
+        self.start = self.tp_rank * self.rows_per_partition
+        self.end = min(self.start + self.rows_per_partition, num_embeddings)
+        self.weight = nn.Parameter(torch.empty(self.rows_per_partition, embedding_dim), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
+        if tuple(loaded.shape) != (self.num_embeddings, self.embedding_dim):
+            raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected "
+                             f"{(self.num_embeddings, self.embedding_dim)}")
+        mine = self.end - self.start
+        if mine < param.shape[0]:
+            param.data[mine:].zero_()
+        if mine > 0:
+            copy_into(param.data[:mine], loaded.narrow(0, self.start, mine) if self.tp_size > 1 else loaded)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids.long(), self.weight)
+        ids = input_ids.long()
+        if self.tp_size == 1:
+            return F.embedding(ids, self.weight)
+        inside = (ids >= self.start) & (ids < self.end)
+        out = F.embedding(torch.where(inside, ids - self.start, 0), self.weight)
+        out = out * inside.unsqueeze(-1).to(out.dtype)
+        return tensor_model_parallel_all_reduce(out)
 
 
-class LMHead(nn.Module):
-    """Projects hidden states to vocabulary logits; may share the embedding matrix."""
+class ParallelLMHead(VocabParallelEmbedding):
+    """Projects hidden states [T, embedding_dim] to logits [T, num_embeddings], every rank
+    getting all of them; its weight is split as the embedding's, or is the embedding's
+    own (``tied_to``)."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, tied_to: VocabEmbedding | None = None) -> None:
-        super().__init__()
+    def __init__(self, num_embeddings: int, embedding_dim: int,
+                 tied_to: VocabParallelEmbedding | None = None) -> None:
+        super().__init__(num_embeddings, embedding_dim)
         if tied_to is not None:
             self.weight = tied_to.weight
-        else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
-            self.weight.weight_loader = default_weight_loader
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight)
+        logits = F.linear(hidden, self.weight)
+        if self.tp_size == 1:
+            return logits
+        return tensor_model_parallel_all_gather(logits, dim=-1)[..., : self.num_embeddings]
+
+
+# the names plugins used before the vocabulary was split across ranks
+VocabEmbedding = VocabParallelEmbedding
+LMHead = ParallelLMHead

@@ -1,4 +1,12 @@
-"""Linear layers whose parameters know how to load their checkpoint tensors.
+"""Linear layers whose parameters know how to load their checkpoint tensors, each split
+across the tensor-parallel ranks the way vLLM splits it.
+
+Column-parallel layers keep 1/tp of the output rows (``ColumnParallelLinear``, the fused
+``MergedColumnParallelLinear`` and ``QKVParallelLinear``); ``RowParallelLinear`` keeps
+1/tp of the input columns and all-reduces its output. With one rank (the default) every
+layer holds its whole weight and runs no collective, so a plugin written with these
+classes runs unchanged with and without tensor parallelism. ``Linear`` (=
+``ReplicatedLinear``) is whole on every rank.
 
 Fused layers (q/k/v in one matrix, gate/up in one matrix) load each checkpoint tensor
 into its slice through ``weight_loader(param, tensor, shard_id)``; the loader finds
@@ -12,20 +20,38 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core_runner.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from core_runner.distributed import tensor_model_parallel_all_reduce as all_reduce
 
-def default_weight_loader(param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-    """Copy a checkpoint tensor into an unfused parameter (cast to its dtype); raises
-    ValueError on a shape mismatch or a shard id (only fused parameters take shards)."""
+
+def materialize(loaded) -> torch.Tensor:
+    """A checkpoint tensor as a torch tensor: the loader may hand a lazy slice (anything
+    with ``narrow`` and ``load()``) so that a rank reads only its part of the file."""
+    return loaded if isinstance(loaded, torch.Tensor) else loaded.load()
+
+
+def copy_into(dst: torch.Tensor, loaded, what: str = "checkpoint tensor") -> None:
+    """Copy ``loaded`` (a tensor or lazy slice) into ``dst``, cast to its dtype; ValueError on
+    a shape mismatch (checked before anything is read)."""
+    if tuple(dst.shape) != tuple(loaded.shape):
+        raise ValueError(f"{what} has shape {tuple(loaded.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(materialize(loaded).to(dst.dtype))
+
+
+def default_weight_loader(param: nn.Parameter, loaded, shard_id: object = None) -> None:
+    """Copy a checkpoint tensor into an unfused, unsplit parameter (cast to its dtype);
+    raises ValueError on a shape mismatch or a shard id (only fused parameters take shards)."""
     if shard_id is not None:
         raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
-    if param.shape != loaded.shape:
+    if tuple(param.shape) != tuple(loaded.shape):
         raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, parameter expects {tuple(param.shape)}")
-    param.data.copy_(loaded.to(param.dtype))
+    param.data.copy_(materialize(loaded).to(param.dtype))
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b): ``forward(x [..., in_features]) -> [..., out_features]``. Its
-    parameters carry ``weight_loader``, which fused subclasses override to load slices."""
+    """y = x W^T (+ b): ``forward(x [..., in_features]) -> [..., out_features]``, the whole
+    weight on every rank. Its parameters carry ``weight_loader``, which split and fused
+    subclasses override to load their slices."""
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
@@ -37,20 +63,86 @@ class Linear(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         default_weight_loader(param, loaded, shard_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
 
 
-class MergedLinear(Linear):
-    """Several output blocks stacked in one matrix; shard i is ``output_sizes[i]`` rows."""
+ReplicatedLinear = Linear
 
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False) -> None:
-        super().__init__(in_features, sum(output_sizes), bias)
-        self.offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
+
+class ColumnParallelLinear(Linear):
+    """Output rows split across ranks: rank r holds rows [r * out/tp, (r + 1) * out/tp) of
+    the weight (and bias) and returns its part of the output, [..., out/tp]; with
+    ``gather_output`` the ranks' parts are gathered into [..., out]."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False) -> None:
+        self.tp_size, self.tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        self.output_size = output_size
+        self.output_size_per_partition = divide(output_size, self.tp_size, "output size")
+        self.gather_output = gather_output
+        super().__init__(input_size, self.output_size_per_partition, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
+        n = param.shape[0]
+        copy_into(param.data, loaded.narrow(0, self.tp_rank * n, n) if self.tp_size > 1 else loaded,
+                  f"checkpoint tensor (rank {self.tp_rank}'s rows)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if self.gather_output and self.tp_size > 1:
+            from core_runner.distributed import tensor_model_parallel_all_gather
+
+            y = tensor_model_parallel_all_gather(y, dim=-1)
+        return y
+
+
+class RowParallelLinear(Linear):
+    """Input columns split across ranks: rank r holds columns [r * in/tp, (r + 1) * in/tp)
+    and takes the matching part of x ([..., in/tp], as a column-parallel layer leaves it);
+    the partial products are summed over the ranks (``reduce_results``) and the bias,
+    whole on every rank, is added once after the sum."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True) -> None:
+        self.tp_size, self.tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        self.input_size = input_size
+        self.input_size_per_partition = divide(input_size, self.tp_size, "input size")
+        self.reduce_results = reduce_results
+        super().__init__(self.input_size_per_partition, output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
+        if param.dim() == 1 or self.tp_size == 1:  # the bias is whole on every rank
+            return copy_into(param.data, loaded)
+        n = param.shape[1]
+        copy_into(param.data, loaded.narrow(1, self.tp_rank * n, n), f"checkpoint tensor (rank {self.tp_rank}'s "
+                  "columns)")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_size == 1:
+            return F.linear(x, self.weight, self.bias)
+        y = F.linear(x, self.weight)
+        if self.reduce_results:
+            y = all_reduce(y)
+        return y if self.bias is None else y + self.bias
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs stacked in one matrix (gate and up): shard i is
+    ``output_sizes[i]`` rows in the checkpoint, of which each rank holds 1/tp; the
+    rank's matrix stacks its parts of every shard, so its output is [..., sum/tp]."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        tp = get_tensor_model_parallel_world_size()
         self.output_sizes = list(output_sizes)
+        self.local_sizes = [divide(s, tp, f"output size of part {i}") for i, s in enumerate(output_sizes)]
+        self.offsets = [sum(self.local_sizes[:i]) for i in range(len(self.local_sizes))]
+        super().__init__(input_size, sum(output_sizes), bias)
         for p in (self.weight, self.bias):
             if p is not None:
                 p.shard_ids = self.part_ids()
@@ -63,23 +155,57 @@ class MergedLinear(Linear):
             raise ValueError(f"shard {shard_id!r} is invalid: expected 0..{len(self.output_sizes) - 1}")
         return shard_id
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None) -> None:
-        if shard_id is None:
-            return default_weight_loader(param, loaded)
-        i = self.shard_index(shard_id)
-        rows = param.data.narrow(0, self.offsets[i], self.output_sizes[i])
-        if rows.shape != loaded.shape:
-            raise ValueError(
-                f"shard {shard_id!r}: checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(rows.shape)}"
-            )
-        rows.copy_(loaded.to(param.dtype))
+    def part_rows(self, i: int) -> tuple[int, int]:
+        """(first row, rows) of this rank's slice of checkpoint shard ``i``."""
+        return self.tp_rank * self.local_sizes[i], self.local_sizes[i]
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if shard_id is None:  # the whole fused matrix: take each part's slice
+            if loaded.shape[0] != sum(self.output_sizes):
+                raise ValueError(f"checkpoint tensor has {loaded.shape[0]} rows, expected {sum(self.output_sizes)}")
+            start = 0
+            for i, size in enumerate(self.output_sizes):
+                self._load_part(param, loaded.narrow(0, start, size), i)
+                start += size
+            return
+        self._load_part(param, loaded, self.shard_index(shard_id))
+
+    def _load_part(self, param: nn.Parameter, loaded, i: int) -> None:
+        if loaded.shape[0] != self.output_sizes[i]:
+            raise ValueError(f"shard {self.part_ids()[i]!r}: checkpoint tensor has shape {tuple(loaded.shape)}, "
+                             f"expected {self.output_sizes[i]} rows")
+        first, rows = self.part_rows(i)
+        copy_into(param.data.narrow(0, self.offsets[i], self.local_sizes[i]), loaded.narrow(0, first, rows),
+                  f"shard {self.part_ids()[i]!r}")
 
 
-class QKVLinear(MergedLinear):
-    """q, k and v projections in one matrix; shards are named "q", "k", "v"."""
+class QKVParallelLinear(MergedColumnParallelLinear):
+    """q, k and v projections in one matrix, split by heads; shards "q", "k", "v".
 
-    def __init__(self, hidden: int, head_size: int, num_heads: int, num_kv_heads: int, bias: bool = False) -> None:
-        super().__init__(hidden, [num_heads * head_size, num_kv_heads * head_size, num_kv_heads * head_size], bias)
+    Each rank keeps ``total_num_heads / tp`` query heads. With ``tp`` at most the KV head
+    count each rank keeps ``total_num_kv_heads / tp`` of them; with more ranks than KV
+    heads each rank keeps one, replicated over ``tp / total_num_kv_heads`` ranks (rank r
+    holds KV head ``r * kv / tp``), so every query head still meets its own KV head.
+    ``num_heads`` / ``num_kv_heads`` are the rank's counts."""
+
+    def __init__(
+        self, hidden_size: int, head_size: int, total_num_heads: int, total_num_kv_heads: int | None = None,
+        bias: bool = False,
+    ) -> None:
+        tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        kv = total_num_kv_heads or total_num_heads
+        self.head_size, self.total_num_heads, self.total_num_kv_heads = head_size, total_num_heads, kv
+        self.num_heads = divide(total_num_heads, tp, "num_attention_heads")
+        if tp >= kv:
+            divide(tp, kv, "tensor_parallel_size over num_key_value_heads (tp > kv heads replicates them)")
+            self.num_kv_heads, self.kv_head_start = 1, rank * kv // tp
+        else:
+            self.num_kv_heads = divide(kv, tp, "num_key_value_heads")
+            self.kv_head_start = rank * self.num_kv_heads
+        # the parent splits each part by tp; give it the per-rank sizes times tp
+        q, k = self.num_heads * head_size, self.num_kv_heads * head_size
+        super().__init__(hidden_size, [q * tp, k * tp, k * tp], bias)
+        self.output_sizes = [total_num_heads * head_size, kv * head_size, kv * head_size]
 
     def part_ids(self) -> tuple:
         return ("q", "k", "v")
@@ -89,3 +215,13 @@ class QKVLinear(MergedLinear):
         if shard_id not in names:
             raise ValueError(f"shard {shard_id!r} is invalid: expected one of 'q', 'k', 'v'")
         return names[shard_id]
+
+    def part_rows(self, i: int) -> tuple[int, int]:
+        if i == 0:
+            return self.tp_rank * self.local_sizes[0], self.local_sizes[0]
+        return self.kv_head_start * self.head_size, self.local_sizes[i]
+
+
+# the names plugins used before the layers were split across ranks
+MergedLinear = MergedColumnParallelLinear
+QKVLinear = QKVParallelLinear
