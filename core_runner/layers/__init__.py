@@ -3,12 +3,6 @@
 Every public layer and helper is exported here; each one's docstring says what it
 computes and returns. Parameters carry ``weight_loader(param, tensor, shard_id=None)``
 (see ``default_weight_loader`` and README "Writing a plugin" for the loading hooks)."""
-from core_runner.layers.activation import SiluAndMul
-from core_runner.layers.attention import Attention
-from core_runner.layers.embedding import LMHead, ParallelLMHead, VocabEmbedding, VocabParallelEmbedding
-from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping, fused_moe_ref
-from core_runner.layers.gelu import GELU, gelu_from_name
-from core_runner.layers.layernorm import LayerNorm
 from core_runner.distributed import (
     divide,
     expert_parallel_enabled,
@@ -17,6 +11,12 @@ from core_runner.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from core_runner.layers.activation import SiluAndMul
+from core_runner.layers.attention import Attention
+from core_runner.layers.embedding import LMHead, ParallelLMHead, VocabEmbedding, VocabParallelEmbedding
+from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping, fused_moe_ref
+from core_runner.layers.gelu import GELU, gelu_from_name
+from core_runner.layers.layernorm import LayerNorm
 from core_runner.layers.linear import (
     ColumnParallelLinear,
     Linear,
