@@ -1,0 +1,1 @@
+"""Running the model runner on one or several tensor-parallel ranks."""
