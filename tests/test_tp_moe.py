@@ -3,25 +3,23 @@
 Layer and loading checks build a rank's layer in this process (``set_tp_group`` with a
 group of the wanted size and rank, no process group): with ``reduce_results=False`` a
 rank returns its partial sum, and the ranks' partial sums must add up to the whole
-layer. The model check runs ranks SPMD as tests/test_tp_qwen3.py does (an unmodified
-LLM in every rank), once with the experts split by intermediate units and once with
-whole experts per rank, and compares with a TP=1 engine: equal greedy tokens, logits
-within 1e-4. The tiny config has 8 experts (top-2), 4 query and 2 KV heads and a dense
+layer. The model check runs ``LLM(..., tensor_parallel_size=N)`` with the experts split
+by intermediate units and, with ``enable_expert_parallel``, whole experts per rank, and
+compares with a one-rank LLM: equal greedy tokens, logits within 1e-4 (chunked
+prefill). The tiny config has 8 experts (top-2), 4 query and 2 KV heads and a dense
 layer (mlp_only_layers), so TP=4 also replicates KV heads and leaves 2 experts per rank.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import replace
 
 import pytest
 import torch
 from checkpoint_surgery import edit_tensors
 from helpers import random_prompts
 from safetensors.torch import load_file
-from tp_harness import run_ranks
 
-from core_runner.distributed.parallel_state import GroupCoordinator, get_tp_group, set_tp_group
+from core_runner.distributed.parallel_state import GroupCoordinator, set_tp_group
 from core_runner.layers.fused_moe import FusedMoE, fused_moe_ref
 
 CONFIG = dict(
@@ -168,39 +166,28 @@ def test_expert_parallel_loading_needs_only_the_ranks_experts(ckpt, tmp_path):
 
 
 # ---------------------------------------------------------------------------------
-# the whole model, SPMD over real ranks
+# the whole model through the engine
 # ---------------------------------------------------------------------------------
-def generate(path: str) -> dict:
-    """Greedy tokens, every recorded logits row (as lists: a tensor in the result queue
-    is shared by a file descriptor the parent cannot open after the rank exits), and the
-    shape of this rank's stacked w13 in the first sparse layer."""
+def generate(path: str, tp: int = 1, expert_parallel: bool = False) -> dict:
+    """Greedy tokens, every recorded logits row, the largest step, and the shape of rank
+    0's stacked w13 in the first sparse layer."""
     from helpers import Recorder, greedy, run
 
     from core_runner import LLM
 
-    engine = LLM(path, **ENGINE).engine
-    rec = Recorder(engine)
-    prompts = random_prompts(list(PROMPT_LENS), seed=5)
-    outs = run(engine, [(f"r{i}", p, greedy(NEW_TOKENS)) for i, p in enumerate(prompts)])
-    return {
-        "tokens": {r: list(o.token_ids) for r, o in outs.items()},
-        "logits": {(r, pos): lg.tolist() for r in outs for pos, lg in rec.logits_of(r)},
-        "max_step_tokens": max(s.num_tokens for s in rec.steps),
-        "w13": tuple(engine.model.model.layers[0].mlp.experts.w13.weight.shape),
-    }
-
-
-def generate_both_ways(path: str) -> dict[str, dict]:
-    """The rank's results with experts split by intermediate units, then whole. The group
-    is swapped within the rank, as the engine option would set it, to spare a spawn."""
-    out = {}
-    for mode, ep in MODES.items():
-        prev = set_tp_group(replace(get_tp_group(), expert_parallel=ep))
-        try:
-            out[mode] = generate(path)
-        finally:
-            set_tp_group(prev)
-    return out
+    engine = LLM(path, tensor_parallel_size=tp, enable_expert_parallel=expert_parallel, **ENGINE).engine
+    try:
+        rec = Recorder(engine)
+        prompts = random_prompts(list(PROMPT_LENS), seed=5)
+        outs = run(engine, [(f"r{i}", p, greedy(NEW_TOKENS)) for i, p in enumerate(prompts)])
+        return {
+            "tokens": {r: list(o.token_ids) for r, o in outs.items()},
+            "logits": {(r, pos): lg.clone() for r in outs for pos, lg in rec.logits_of(r)},
+            "max_step_tokens": max(s.num_tokens for s in rec.steps),
+            "w13": tuple(engine.model.model.layers[0].mlp.experts.w13.weight.shape),
+        }
+    finally:
+        engine.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -211,15 +198,14 @@ def one_rank(ckpt) -> dict:
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_split_model_equals_one_rank(ckpt, one_rank, tp):
+@pytest.mark.parametrize("mode", list(MODES))
+def test_split_model_equals_one_rank(ckpt, one_rank, mode, tp):
     e, h, i = CONFIG["num_experts"], CONFIG["hidden_size"], CONFIG["moe_intermediate_size"]
-    shapes = {"tp": (e, 2 * i // tp, h), "ep": (e // tp, 2 * i, h)}
-    for rank, res in enumerate(run_ranks(generate_both_ways, tp, ckpt)):
-        for mode, got in res.items():
-            what = f"{mode} TP={tp} rank {rank}"
-            assert got["w13"] == shapes[mode], what
-            assert got["tokens"] == one_rank["tokens"], f"{what}: greedy tokens differ from TP=1"
-            assert got["logits"].keys() == one_rank["logits"].keys(), f"{what}: other logits rows"
-            for key, ref in one_rank["logits"].items():
-                err = (torch.tensor(got["logits"][key]) - torch.tensor(ref)).abs().max().item()
-                assert err <= LOGIT_ATOL, f"{what}: logits of {key} differ from TP=1 by {err:.3g}"
+    got = generate(ckpt, tp, MODES[mode])
+    what = f"{mode} TP={tp}"
+    assert got["w13"] == ((e // tp, 2 * i, h) if mode == "ep" else (e, 2 * i // tp, h)), what
+    assert got["tokens"] == one_rank["tokens"], f"{what}: greedy tokens differ from TP=1"
+    assert got["logits"].keys() == one_rank["logits"].keys(), f"{what}: other logits rows"
+    for key, ref in one_rank["logits"].items():
+        err = (got["logits"][key] - ref).abs().max().item()
+        assert err <= LOGIT_ATOL, f"{what}: logits of {key} differ from TP=1 by {err:.3g}"

@@ -1,19 +1,16 @@
 """Qwen3ForCausalLM split over tensor-parallel ranks equals the model on one rank.
 
-Until the engine drives ranks itself, TP=2 and TP=4 run SPMD: every rank builds an
-unmodified single-process LLM while its TP group is installed, so the layers it builds
-are that rank's split, and runs the same requests in the same order, so the collectives
-line up. Each rank's greedy tokens must equal those of a TP=1 engine in this process, and
-each recorded logits row (chunk ends and decodes, max_num_batched_tokens below the longest
-prompt) must be within 1e-4 of it. Both tiny checkpoints have 4 query heads; the untied
-one has 2 KV heads, so at TP=4 each KV head is replicated over two ranks, the tied one 4.
+The same requests run through ``LLM(..., tensor_parallel_size=N)`` (gloo ranks on the
+CPU) and through a one-rank LLM: greedy tokens must be equal, and each recorded logits
+row (chunk ends and decodes, max_num_batched_tokens below the longest prompt) within
+1e-4. Both tiny checkpoints have 4 query heads; the untied one has 2 KV heads, so at
+TP=4 each KV head is replicated over two ranks, the tied one 4.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 from helpers import random_prompts
-from tp_harness import run_ranks
 
 BASE = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -45,44 +42,41 @@ def ckpts(tmp_path_factory, single_torch_thread) -> dict[str, str]:
     return paths
 
 
-def generate(path: str) -> dict:
+def generate(path: str, tp: int = 1) -> dict:
     """Greedy tokens, every recorded logits row keyed by (request, position), the largest
-    step, and the head counts / KV cache shape of each attention layer on this rank."""
+    step, and the head counts / KV cache shape of each attention layer of rank 0."""
     from helpers import Recorder, greedy, run
 
     from core_runner import LLM
     from core_runner.layers import Attention
 
-    engine = LLM(path, **ENGINE).engine
-    rec = Recorder(engine)
-    prompts = random_prompts(list(PROMPT_LENS), seed=3)
-    outs = run(engine, [(f"r{i}", p, greedy(NEW_TOKENS)) for i, p in enumerate(prompts)])
-    attn = [m for m in engine.model.modules() if isinstance(m, Attention)]
-    return {
-        "tokens": {r: list(o.token_ids) for r, o in outs.items()},
-        # as lists: a tensor in the result queue is shared by file descriptor, which the
-        # parent cannot open once the rank has exited
-        "logits": {(r, pos): lg.tolist() for r in outs for pos, lg in rec.logits_of(r)},
-        "max_step_tokens": max(s.num_tokens for s in rec.steps),
-        "heads": [(a.num_heads, a.num_kv_heads, tuple(a.kv_cache.shape)) for a in attn],
-    }
-
-
-def generate_all(paths: dict[str, str]) -> dict[str, dict]:
-    return {name: generate(path) for name, path in paths.items()}
+    engine = LLM(path, tensor_parallel_size=tp, **ENGINE).engine
+    try:
+        rec = Recorder(engine)
+        prompts = random_prompts(list(PROMPT_LENS), seed=3)
+        outs = run(engine, [(f"r{i}", p, greedy(NEW_TOKENS)) for i, p in enumerate(prompts)])
+        attn = [m for m in engine.model.modules() if isinstance(m, Attention)]
+        return {
+            "tokens": {r: list(o.token_ids) for r, o in outs.items()},
+            "logits": {(r, pos): lg.clone() for r in outs for pos, lg in rec.logits_of(r)},
+            "max_step_tokens": max(s.num_tokens for s in rec.steps),
+            "heads": [(a.num_heads, a.num_kv_heads, tuple(a.kv_cache.shape)) for a in attn],
+        }
+    finally:
+        engine.shutdown()
 
 
 def assert_equal_to_one_rank(one: dict, split: dict, what: str) -> None:
     assert split["tokens"] == one["tokens"], f"{what}: greedy tokens differ from TP=1"
     assert split["logits"].keys() == one["logits"].keys(), f"{what}: other (request, position) logits rows"
     for key, ref in one["logits"].items():
-        err = (torch.tensor(split["logits"][key]) - torch.tensor(ref)).abs().max().item()
+        err = (split["logits"][key] - ref).abs().max().item()
         assert err <= LOGIT_ATOL, f"{what}: logits of {key} differ from TP=1 by {err:.3g}"
 
 
 @pytest.fixture(scope="module")
 def one_rank(ckpts) -> dict[str, dict]:
-    out = generate_all(ckpts)
+    out = {name: generate(path) for name, path in ckpts.items()}
     for name, res in out.items():
         # the 33-token prompt is prefilled in chunks
         assert res["max_step_tokens"] <= ENGINE["max_num_batched_tokens"] < max(PROMPT_LENS), name
@@ -90,17 +84,15 @@ def one_rank(ckpts) -> dict[str, dict]:
 
 
 @pytest.mark.parametrize("tp", [2, 4])
-def test_split_model_equals_one_rank(ckpts, one_rank, tp):
-    ranks = run_ranks(generate_all, tp, ckpts)
-    for name, spec in SPECS.items():
-        kv = spec["num_key_value_heads"]
-        heads, kv_heads = BASE["num_attention_heads"] // tp, max(1, kv // tp)
-        cache = (2, ENGINE["num_kv_blocks"], ENGINE["block_size"], kv_heads, BASE["head_dim"])
-        for rank, res in enumerate(ranks):
-            what = f"{name} TP={tp} rank {rank}"
-            # the KV cache of each rank holds only its heads
-            assert res[name]["heads"] == [(heads, kv_heads, cache)] * BASE["num_hidden_layers"], what
-            assert_equal_to_one_rank(one_rank[name], res[name], what)
+@pytest.mark.parametrize("name", list(SPECS))
+def test_split_model_equals_one_rank(ckpts, one_rank, name, tp):
+    kv = SPECS[name]["num_key_value_heads"]
+    heads, kv_heads = BASE["num_attention_heads"] // tp, max(1, kv // tp)
+    cache = (2, ENGINE["num_kv_blocks"], ENGINE["block_size"], kv_heads, BASE["head_dim"])
+    res = generate(ckpts[name], tp)
+    # rank 0's KV cache holds only its heads
+    assert res["heads"] == [(heads, kv_heads, cache)] * BASE["num_hidden_layers"]
+    assert_equal_to_one_rank(one_rank[name], res, f"{name} TP={tp}")
 
 
 @pytest.mark.parametrize("sizes,tp,match", [
