@@ -100,7 +100,7 @@ def test_split_model_equals_one_rank(ckpts, one_rank, name, tp):
     (dict(num_attention_heads=12, num_key_value_heads=3), 2,
      "num_key_value_heads=3 is not divisible by tensor_parallel_size=2"),
     (dict(num_attention_heads=12, num_key_value_heads=3), 4,
-     "num_key_value_heads=3 does not split over tensor_parallel_size=4"),
+     "tensor_parallel_size=4 is not divisible by num_key_value_heads=3"),
     (dict(intermediate_size=130), 4, "intermediate_size=130 is not divisible by tensor_parallel_size=4"),
 ], ids=["heads", "kv-heads", "kv-replicas", "intermediate"])
 def test_a_size_the_ranks_do_not_divide_is_refused(sizes, tp, match):

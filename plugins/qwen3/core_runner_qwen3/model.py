@@ -38,9 +38,9 @@ def check_head_split(num_heads: int, num_kv_heads: int) -> None:
     if tp <= num_kv_heads:
         divide(num_kv_heads, tp, "num_key_value_heads")
     elif tp % num_kv_heads:
-        raise ValueError(f"num_key_value_heads={num_kv_heads} does not split over tensor_parallel_size={tp}: with "
-                         f"more ranks than KV heads tp must be a multiple of them, so that each KV head is "
-                         f"replicated over the same number of ranks")
+        raise ValueError(f"tensor_parallel_size={tp} is not divisible by num_key_value_heads={num_kv_heads}: with "
+                         "more ranks than KV heads each one is replicated over tp / num_key_value_heads ranks; pick "
+                         f"a tensor_parallel_size that divides {num_kv_heads} or is a multiple of it")
 
 
 class Qwen3Attention(nn.Module):
