@@ -1,16 +1,15 @@
-"""GraniteMoeHybrid under tensor parallelism: TP=N must equal TP=1 (float32, CPU, gloo).
-
-The engine-level TP path (worker processes) is not used here: each rank of
-``tp_harness.run_ranks`` builds an ordinary single-process ``LLM``, whose layers read
-the rank's TP group at construction, and every rank runs the same requests in the same
-order, so their collectives line up (an SPMD run). Each rank's greedy tokens and
-recorded logits are compared with a plain TP=1 engine in the test process.
+"""GraniteMoeHybrid under tensor (and expert) parallelism: TP=N must equal TP=1
+(float32, CPU, gloo), through the engine's own path (``LLM(tensor_parallel_size=N)``:
+rank 0 in the test process, workers started by the executor). Greedy tokens, the
+scheduling and every recorded logits row are compared with a plain TP=1 engine; rank 0's
+logits are the all-gather of every rank's part, so a wrong rank shows there.
 
 Checkpoints: the plugin's tiny-dense-nope and tiny-moe-rope examples (n_groups=1: every
-rank keeps the whole B and C, and the gated norm's single group spans the ranks) and
-tiny-moe-rope with n_groups=2 (split groups at TP=2; at TP=4, with expert parallelism,
-each group spans two ranks, each rank holds one of the two KV heads, replicated, and
-one whole expert).
+rank keeps the whole B and C, and the gated norm's one group spans the ranks) and
+tiny-moe-rope with n_groups=2 (split groups at TP=2, with whole experts per rank; at
+TP=4 each group spans two ranks and each rank holds one of the two KV heads, replicated).
+The scenario chunks a prompt longer than max_num_batched_tokens (state carried over
+chunks) and gives a late request the row of one that finished.
 """
 from __future__ import annotations
 
@@ -18,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import greedy, random_prompts, run
-from tp_harness import run_ranks
 
 from core_runner.distributed import GroupCoordinator, set_tp_group
 
@@ -58,106 +56,79 @@ def checkpoints(tmp_path_factory, single_torch_thread) -> dict[str, str]:
     return paths
 
 
-def _scenario(path: str) -> dict:
-    """Run the three requests; returns plain data: tokens, logits by position, rows,
-    the steps' scheduling and the shapes of the Mamba state buffers."""
+def _scenario(path: str, **options) -> dict:
+    """Run the three requests; returns tokens, logits by position, rows, the steps'
+    scheduling and the shapes of (rank 0's) Mamba state buffers."""
     from core_runner import LLM
     from core_runner.conformance.harness import Recorder
 
-    engine = LLM(path, **ENGINE).engine
-    rec = Recorder(engine, strict=True)
-    prompts = dict(zip(PROMPT_LENGTHS, random_prompts(list(PROMPT_LENGTHS.values()), seed=7, vocab=VOCAB)))
-    outs = run(engine, [(name, p, greedy(N_NEW)) for name, p in prompts.items()])
-    return {
-        "tokens": {r: list(o.token_ids) for r, o in outs.items()},
-        "logits": {r: {pos: lg.clone() for pos, lg in rec.logits_of(r)} for r in prompts},
-        "rows": {r: rec.rows_of(r) for r in prompts},
-        "steps": [(dict(s.num_computed), dict(s.num_scheduled), list(s.new_req_ids)) for s in rec.steps],
-        "state_shapes": {k: tuple(t.shape) for k, t in engine.model_state.row_buffers().items()},
-    }
-
-
-def _rank_scenarios(paths: dict[str, str]) -> dict[str, dict]:
-    out = {name: _scenario(path) for name, path in paths.items()}
-    # as numpy arrays: a torch tensor would travel through the result queue as a shared-
-    # memory handle, which the parent cannot open once this rank's process has exited
-    for res in out.values():
-        res["logits"] = {r: {pos: lg.numpy() for pos, lg in by_pos.items()} for r, by_pos in res["logits"].items()}
-    return out
-
-
-def _from_ranks(results: list[dict], name: str) -> list[dict]:
-    ranks = [r[name] for r in results]
-    for res in ranks:
-        res["logits"] = {r: {p: torch.from_numpy(a) for p, a in by_pos.items()} for r, by_pos in res["logits"].items()}
-    return ranks
-
-
-def _compare(name: str, tp: int, ref: dict, ranks: list[dict]) -> float:
-    """Every rank's run equals the TP=1 run; returns the worst logit difference."""
-    worst = 0.0
-    for rank, got in enumerate(ranks):
-        where = f"{name} TP={tp} rank {rank}"
-        assert got["steps"] == ref["steps"], f"{where}: scheduling differs"
-        assert got["rows"] == ref["rows"], f"{where}: state rows differ"
-        assert got["tokens"] == ref["tokens"], f"{where}: greedy tokens differ"
-        for req, by_pos in ref["logits"].items():
-            assert got["logits"][req].keys() == by_pos.keys(), f"{where} {req}: logits at other positions"
-            for pos, want in by_pos.items():
-                err = (got["logits"][req][pos] - want).abs().max().item()
-                assert err <= ATOL, f"{where} {req}: logits at position {pos} differ from TP=1 by {err:.3g}"
-                worst = max(worst, err)
-            # the logits are all-gathered: every rank holds the same numbers
-            for pos, lg in got["logits"][req].items():
-                assert torch.equal(lg, ranks[0]["logits"][req][pos]), f"{where} {req}: ranks disagree at {pos}"
-    return worst
+    engine = LLM(path, **ENGINE, **options).engine
+    try:
+        rec = Recorder(engine, strict=True)
+        prompts = dict(zip(PROMPT_LENGTHS, random_prompts(list(PROMPT_LENGTHS.values()), seed=7, vocab=VOCAB)))
+        outs = run(engine, [(name, p, greedy(N_NEW)) for name, p in prompts.items()])
+        return {
+            "tokens": {r: list(o.token_ids) for r, o in outs.items()},
+            "logits": {r: dict(rec.logits_of(r)) for r in prompts},
+            "rows": {r: rec.rows_of(r) for r in prompts},
+            "steps": [(dict(s.num_computed), dict(s.num_scheduled), list(s.new_req_ids)) for s in rec.steps],
+            "state_shapes": {k: tuple(t.shape) for k, t in engine.model_state.row_buffers().items()},
+        }
+    finally:
+        engine.shutdown()
 
 
 def _assert_scenario_exercised(ref: dict) -> None:
     """The TP=1 run really chunked the long prompt and gave the late request a reused row."""
     chunk_steps = [c["long"] for c, _, new in ref["steps"] if "long" in c and "long" not in new]
     assert any(0 < n < PROMPT_LENGTHS["long"] for n in chunk_steps), "the long prompt was not prefilled in chunks"
-    late_row = ref["rows"]["late"][0]
-    finished_first = [r for r in ("long", "short") if ref["rows"][r][0] == late_row]
-    assert finished_first, f"late request got row {late_row}, not a row another request used"
     late_start = next(i for i, (_, _, new) in enumerate(ref["steps"]) if "late" in new)
     assert all("late" not in s for _, s, _ in ref["steps"][:late_start]), "late request ran before a row was free"
+    late_row = ref["rows"]["late"][0]
+    assert late_row in (ref["rows"]["long"][0], ref["rows"]["short"][0]), f"late request got a fresh row {late_row}"
 
 
-def _state_width(shapes: dict) -> dict:
-    """conv channels and SSM heads of each Mamba layer's state."""
-    return {k: (s[2] if k.endswith("conv_state") else s[1]) for k, s in shapes.items()}
-
-
-def test_tp2_equals_tp1(checkpoints):
+@pytest.fixture(scope="module")
+def references(checkpoints) -> dict[str, dict]:
     refs = {name: _scenario(path) for name, path in checkpoints.items()}
     for ref in refs.values():
         _assert_scenario_exercised(ref)
-    ranks = run_ranks(_rank_scenarios, 2, checkpoints, timeout_s=300)
-    for name, ref in refs.items():
-        worst = _compare(name, 2, ref, _from_ranks(ranks, name))
-        print(f"granite {name} TP=2: max |logit - TP=1| = {worst:.3g}")
-        # the state of a row is per rank: half the heads; B/C channels whole (n_groups=1) or halved
-        cfg = _examples()[name]
-        n_groups = cfg["mamba_n_groups"]
-        for key, full in _state_width(ref["state_shapes"]).items():
-            local = _state_width(ranks[0][name]["state_shapes"])[key]
-            if key.endswith("ssm_state"):
-                assert local == full // 2, key
-            else:
-                bc = 2 * cfg["mamba_d_state"] * n_groups  # the channels of B and C
-                assert local == (full - bc) // 2 + (bc if n_groups == 1 else bc // 2), key
+    return refs
 
 
-def test_tp4_expert_parallel_groups_span_ranks(checkpoints):
-    """n_groups=2 at TP=4 with expert parallelism: each norm group spans two ranks (its
-    variance all-reduced), each rank reads one B/C group, holds one replicated KV head
-    and one of the 4 experts whole."""
-    paths = {"moe_rope_groups2": checkpoints["moe_rope_groups2"]}
-    ref = _scenario(paths["moe_rope_groups2"])
-    ranks = run_ranks(_rank_scenarios, 4, paths, expert_parallel=True, timeout_s=300)
-    worst = _compare("moe_rope_groups2", 4, ref, _from_ranks(ranks, "moe_rope_groups2"))
-    print(f"granite moe_rope_groups2 TP=4 + EP: max |logit - TP=1| = {worst:.3g}")
+def _state_width(shapes: dict) -> dict:
+    """conv channels / SSM heads of each Mamba layer's row state."""
+    return {k: (s[2] if k.endswith("conv_state") else s[1]) for k, s in shapes.items()}
+
+
+@pytest.mark.parametrize("name,options", [
+    ("dense_nope", dict(tensor_parallel_size=2)),
+    ("moe_rope", dict(tensor_parallel_size=2)),
+    ("moe_rope_groups2", dict(tensor_parallel_size=2, enable_expert_parallel=True)),
+    ("moe_rope_groups2", dict(tensor_parallel_size=4)),
+], ids=["dense_nope-tp2", "moe_rope-tp2", "groups2-tp2-ep", "groups2-tp4"])
+def test_tp_equals_tp1(checkpoints, references, name, options):
+    ref, tp = references[name], options["tensor_parallel_size"]
+    got = _scenario(checkpoints[name], **options)
+    assert got["steps"] == ref["steps"], "scheduling differs"
+    assert got["rows"] == ref["rows"], "state rows differ"
+    assert got["tokens"] == ref["tokens"], "greedy tokens differ"
+    worst = 0.0
+    for req, by_pos in ref["logits"].items():
+        assert got["logits"][req].keys() == by_pos.keys(), f"{req}: logits at other positions"
+        for pos, want in by_pos.items():
+            err = (got["logits"][req][pos] - want).abs().max().item()
+            assert err <= ATOL, f"{req}: logits at position {pos} differ from TP=1 by {err:.3g}"
+            worst = max(worst, err)
+    print(f"granite {name} {options}: max |logit - TP=1| = {worst:.3g}")
+    # a row's state is per rank: 1/tp of the heads; B and C whole (the rank's one group) or 1/tp of them
+    cfg = _examples()[name]
+    n_groups, bc = cfg["mamba_n_groups"], 2 * cfg["mamba_d_state"] * cfg["mamba_n_groups"]
+    local_bc = bc // tp if n_groups % tp == 0 else bc // n_groups
+    for key, full in _state_width(ref["state_shapes"]).items():
+        local = _state_width(got["state_shapes"])[key]
+        want = full // tp if key.endswith("ssm_state") else (full - bc) // tp + local_bc
+        assert local == want, f"{key}: {local} channels/heads on rank 0, expected {want}"
 
 
 # ---------------------------------------------------------------------------------
