@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from helpers import greedy, random_prompts, run
 
-from core_runner.distributed import GroupCoordinator, set_tp_group
+from core_runner.distributed import GroupCoordinator, use_tp_group
 
 ATOL = 1e-4
 VOCAB = 256
@@ -134,15 +134,8 @@ def test_tp_equals_tp1(checkpoints, references, name, options):
 # ---------------------------------------------------------------------------------
 # which slices each rank loads (no processes: a rank's group installed by hand)
 # ---------------------------------------------------------------------------------
-class _as_rank:
-    def __init__(self, rank: int, world_size: int, expert_parallel: bool = False) -> None:
-        self.group = GroupCoordinator(rank=rank, world_size=world_size, expert_parallel=expert_parallel)
-
-    def __enter__(self) -> None:
-        self.prev = set_tp_group(self.group)
-
-    def __exit__(self, *exc) -> None:
-        set_tp_group(self.prev)
+def _as_rank(rank: int, world_size: int, expert_parallel: bool = False):
+    return use_tp_group(GroupCoordinator(rank=rank, world_size=world_size, expert_parallel=expert_parallel))
 
 
 H, P, N, K, HID = 8, 4, 3, 4, 16  # mamba heads, head dim, state size, conv width, hidden size
