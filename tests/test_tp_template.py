@@ -1,18 +1,13 @@
-"""The Llama template plugin under tensor parallelism: TP=2 and TP=4 generate the same
-greedy tokens as TP=1, with logits within 1e-4 at every step, in one-step and chunked
-prefill, for grouped-query attention (2 KV heads: replicated at TP=4) and for one KV
-head with biases and tied embeddings (replicated at both sizes).
-
-Each rank runs an unmodified single-process engine whose model was built with the rank's
-TP group installed (an SPMD run: every rank gets the same requests in the same order, so
-the collectives line up); its steps are compared with a plain TP=1 engine in the test
-process. One ``run_ranks`` call per world size, covering every case.
+"""The Llama template plugin under tensor parallelism: ``LLM(..., tensor_parallel_size=N)``
+(the engine's worker ranks, gloo on the CPU) at N = 2 and 4 generates the same greedy
+tokens as one rank, with the same schedule and logits within 1e-4 at every step, in
+one-step and chunked prefill, for grouped-query attention (2 KV heads: replicated at
+N = 4) and for one KV head with biases and tied embeddings (replicated at both sizes).
 """
 from __future__ import annotations
 
 import pytest
 import torch
-from tp_harness import run_ranks
 
 from core_runner import LLM, SamplingParams
 
@@ -56,40 +51,30 @@ def prompts():
     return out
 
 
-def generate(path: str, prompts: list[list[int]], budget: int) -> dict:
-    """Greedy tokens per prompt and, per step, {req_id: (scheduled tokens, logits)}, as
-    plain lists: a tensor put on the harness's queue is shared through a file descriptor
-    that dies with the rank, which may exit before the parent reads it."""
+def generate(path: str, prompts: list[list[int]], budget: int, tp: int = 1) -> dict:
+    """Greedy tokens per prompt, per step {req_id: (scheduled tokens, logits)} as the
+    engine recorded them, and the driver's (rank 0's) share of the first layer."""
     llm = LLM(path, dtype="float32", device="cpu", max_model_len=64, block_size=4, max_num_seqs=len(prompts),
-              max_num_batched_tokens=budget, num_kv_blocks=len(prompts) * 16)
-    steps = llm.engine.debug.record_steps()
-    outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
-                        use_tqdm=False)
+              max_num_batched_tokens=budget, num_kv_blocks=len(prompts) * 16, tensor_parallel_size=tp)
+    try:
+        steps = llm.engine.debug.record_steps()
+        outs = llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True),
+                            use_tqdm=False)
+        model = llm.engine.model
+        attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+        shapes = {
+            "heads": (attn.num_heads, attn.num_kv_heads), "qkv": tuple(attn.qkv_proj.weight.shape),
+            "o_proj": tuple(attn.o_proj.weight.shape), "gate_up": tuple(mlp.gate_up_proj.weight.shape),
+            "down": tuple(mlp.down_proj.weight.shape), "embed": tuple(model.model.embed_tokens.weight.shape),
+            "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+        }
+    finally:
+        llm.engine.shutdown()
     return {
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
-        "steps": [{r: (s.num_scheduled[r], s.logits[r].tolist()) for r in s.req_ids if r in s.logits}
-                  for s in steps],
+        "steps": [{r: (s.num_scheduled[r], s.logits[r]) for r in s.req_ids if r in s.logits} for s in steps],
+        "shapes": shapes,
     }
-
-
-def split_shapes(path: str) -> dict:
-    """The rank's share of the first layer, proving the model was really split."""
-    llm = LLM(path, dtype="float32", device="cpu", max_model_len=64, block_size=4, max_num_seqs=1,
-              num_kv_blocks=16)
-    model = llm.engine.model
-    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    return {
-        "heads": (attn.num_heads, attn.num_kv_heads), "qkv": tuple(attn.qkv_proj.weight.shape),
-        "o_proj": tuple(attn.o_proj.weight.shape), "gate_up": tuple(mlp.gate_up_proj.weight.shape),
-        "down": tuple(mlp.down_proj.weight.shape), "embed": tuple(model.model.embed_tokens.weight.shape),
-        "tied": model.lm_head.weight is model.model.embed_tokens.weight,
-    }
-
-
-def rank_run(paths: dict[str, str], prompts: list[list[int]]) -> dict:
-    return {name: {"shapes": split_shapes(path),
-                   **{mode: generate(path, prompts, budget) for mode, budget in MODES.items()}}
-            for name, path in paths.items()}
 
 
 def expected_shapes(name: str, tp: int) -> dict:
@@ -102,30 +87,32 @@ def expected_shapes(name: str, tp: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("tp", [2, 4])
-def test_template_tp_matches_tp1(checkpoints, prompts, tp):
-    paths = {name: path for name, (path, _) in checkpoints.items()}
-    ref = {name: {mode: generate(path, prompts, budget) for mode, budget in MODES.items()}
-           for name, path in paths.items()}
-    for name, (_, hf) in checkpoints.items():  # the TP=1 baseline agrees with transformers
+@pytest.fixture(scope="module")
+def ref(checkpoints, prompts):
+    """TP=1 runs of every checkpoint and mode; the baseline itself agrees with transformers."""
+    out = {name: {mode: generate(path, prompts, budget) for mode, budget in MODES.items()}
+           for name, (path, _) in checkpoints.items()}
+    for name, (_, hf) in checkpoints.items():
         with torch.no_grad():
             want = hf(input_ids=torch.tensor([prompts[-1]])).logits[0, -1]
-        got = torch.tensor(ref[name]["one_step"]["steps"][0]["3"][1])
+        got = out[name]["one_step"]["steps"][0]["3"][1]
         assert (got - want).abs().max().item() <= LOGIT_ATOL, name
-    chunked = ref["gqa"]["chunked"]["steps"]
+    chunked = out["gqa"]["chunked"]["steps"]
     assert any(0 < n < LENGTHS[int(r)] for s in chunked[:3] for r, (n, _) in s.items()), "no prompt was chunked"
+    return out
 
-    results = run_ranks(rank_run, tp, paths, prompts)
-    for rank, res in enumerate(results):
-        for name in CHECKPOINTS:
-            assert res[name]["shapes"] == expected_shapes(name, tp), f"tp={tp} rank {rank} {name}"
-            for mode in MODES:
-                got, want, what = res[name][mode], ref[name][mode], f"tp={tp} rank {rank} {name} {mode}"
-                assert got["tokens"] == want["tokens"], what
-                assert len(got["steps"]) == len(want["steps"]), what
-                for i, (g, w) in enumerate(zip(got["steps"], want["steps"])):
-                    assert g.keys() == w.keys(), f"{what} step {i}"
-                    for r in w:
-                        assert g[r][0] == w[r][0], f"{what} step {i} request {r}: scheduled tokens"
-                        err = (torch.tensor(g[r][1]) - torch.tensor(w[r][1])).abs().max().item()
-                        assert err <= LOGIT_ATOL, f"{what} step {i} request {r}: logits differ by {err:.3g}"
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_template_tp_matches_tp1(checkpoints, prompts, ref, tp):
+    for name, (path, _) in checkpoints.items():
+        for mode, budget in MODES.items():
+            got, want, what = generate(path, prompts, budget, tp), ref[name][mode], f"tp={tp} {name} {mode}"
+            assert got["shapes"] == expected_shapes(name, tp), what
+            assert got["tokens"] == want["tokens"], what
+            assert len(got["steps"]) == len(want["steps"]), what
+            for i, (g, w) in enumerate(zip(got["steps"], want["steps"])):
+                assert g.keys() == w.keys(), f"{what} step {i}"
+                for r in w:
+                    assert g[r][0] == w[r][0], f"{what} step {i} request {r}: scheduled tokens"
+                    err = (g[r][1] - w[r][1]).abs().max().item()
+                    assert err <= LOGIT_ATOL, f"{what} step {i} request {r}: logits differ by {err:.3g}"
