@@ -37,8 +37,8 @@ class ReplicatedEmbedding(nn.Module):
     """A lookup table held whole on every rank: ``forward(ids [T]) -> [T, embedding_dim]``.
 
     For BERT's position (512 rows) and token-type (2 rows) tables: splitting them over the
-    vocabulary would save a few hundred KB per rank but cost an all-reduce per table per
-    step, and a whole table also lets the single-segment path read row 0 directly."""
+    rows would save at most a few MB per rank but cost an all-reduce per table per step,
+    and a whole table also lets the single-segment path read row 0 directly."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
         super().__init__()
