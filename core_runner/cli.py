@@ -301,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the settings measured best on an H200 (core_runner/bench/run.py BEST_SETTINGS) instead of "
                         "the engine's defaults; explicit flags still win")
     b.add_argument("--enforce-eager", action="store_true")
+    b.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, help="(default: 1)")
+    b.add_argument("--enable-expert-parallel", action="store_true")
     b.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps for GPU idle time")
     b.add_argument("--peer", nargs="*", default=None, choices=["W1", "W2"],
                    help="also run the transformers peer (benchmarks/peers.py) on these workloads (none listed: all)")

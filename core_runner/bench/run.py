@@ -25,7 +25,8 @@ logger = logging.getLogger(__name__)
 # kv_cache_memory_fraction 0.8 of the free memory, about 0.8 of the GPU's total); opt-in
 # with --best-settings, since the engine's defaults are what a user gets.
 BEST_SETTINGS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.8}
-_TUNABLE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization")
+_TUNABLE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization",
+            "tensor_parallel_size")
 
 
 def engine_settings(args) -> tuple[dict, str]:
@@ -154,7 +155,8 @@ def bench(args) -> dict:
     results = {}
     opts, source = engine_settings(args)
     for name in args.workload:
-        llm = LLM(model, device=device, dtype=args.dtype, enforce_eager=args.enforce_eager, **opts)
+        llm = LLM(model, device=device, dtype=args.dtype, enforce_eager=args.enforce_eager,
+                  enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)), **opts)
         vocab = llm.engine.vocab_size
         workload = make_workload(name, vocab, args.num_requests)
         res = run_engine(llm, workload, profile_steps=args.profile_steps)
@@ -163,6 +165,8 @@ def bench(args) -> dict:
                            "max_num_batched_tokens": c.max_num_batched_tokens, "block_size": c.block_size,
                            "gpu_memory_utilization": c.gpu_memory_utilization,
                            "kv_cache_memory_fraction": c.kv_cache_memory_fraction,
+                           "tensor_parallel_size": c.tensor_parallel_size,
+                           "enable_expert_parallel": c.enable_expert_parallel,
                            "num_kv_blocks": llm.engine.num_blocks}
         mem = llm.engine.memory_report()
         weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
@@ -176,6 +180,7 @@ def bench(args) -> dict:
                                          c.max_num_seqs, mem.get("state_bytes_per_row", 0))
             res["roofline_tok_s"] = roof
             res["ratio_to_roofline"] = res["output_tok_s"] / roof
+        llm.engine.shutdown()  # a tensor-parallel engine's group must go before the next one
         del llm
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
