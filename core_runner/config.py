@@ -115,8 +115,14 @@ class EngineConfig:
     branch, tag or commit) picks the id's version, ``tokenizer_revision`` the tokenizer's
     (default: ``revision`` when the tokenizer comes from the model). Both are errors for a
     local directory.
-    ``tensor_parallel_size`` / ``pipeline_parallel_size`` keep vLLM's names; only 1 is
-    implemented, a larger value is refused. ``trust_remote_code`` exists so that vLLM
+    ``tensor_parallel_size`` N > 1 splits the model over N ranks (one process each, the
+    driver being rank 0; GPUs cuda:0..N-1 of each node, or the CPU with gloo), for
+    families declaring ``tensor_parallel``; ``enable_expert_parallel`` then gives MoE layers
+    whole experts per rank (``expert_parallel``). ``nnodes`` / ``node_rank`` /
+    ``master_addr`` / ``master_port`` (vLLM's names) spread the ranks over nodes: this
+    engine is node 0, the others run ``core-runner serve --headless``; ``master_port`` None
+    picks a free port on one node and is required with several. ``pipeline_parallel_size``
+    keeps vLLM's name; only 1 is implemented. ``trust_remote_code`` exists so that vLLM
     scripts passing False run unchanged; True is refused, since core-runner never runs
     a checkpoint's own Python code (a model family is a plugin).
     """
@@ -145,6 +151,11 @@ class EngineConfig:
     generation_config: str = "auto"
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
@@ -202,17 +213,47 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):
                 raise bad(name, v, "expected None (the default branch) or a branch, tag or commit name")
-        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v != 1:
-                raise bad(name, v, "only 1 is supported: core-runner runs a model on one device (no "
-                          f"{name.split('_')[0]} parallelism yet)")
+        self._check_parallel(bad)
         if self.trust_remote_code is not False:
             raise bad("trust_remote_code", self.trust_remote_code,
                       "expected False: core-runner never runs a checkpoint's own code; its architecture needs a "
                       "plugin (core-runner plugins lists them)")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
+
+    def _check_parallel(self, bad) -> None:
+        def positive(name: str) -> int:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise bad(name, v, "expected an integer >= 1")
+            return v
+
+        tp, nodes = positive("tensor_parallel_size"), positive("nnodes")
+        pp = self.pipeline_parallel_size
+        if not isinstance(pp, int) or isinstance(pp, bool) or pp != 1:
+            raise bad("pipeline_parallel_size", pp, "only 1 is supported (no pipeline parallelism; use "
+                      "tensor_parallel_size to spread a model over devices)")
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise bad("enable_expert_parallel", self.enable_expert_parallel, "expected True or False")
+        if self.enable_expert_parallel and tp == 1:
+            raise bad("enable_expert_parallel", True, "it needs tensor_parallel_size > 1 (experts are spread "
+                      "over the tensor-parallel ranks)")
+        if tp % nodes:
+            raise bad("nnodes", nodes, f"expected a divisor of tensor_parallel_size={tp} (each node holds "
+                      "the same number of ranks)")
+        if not isinstance(self.node_rank, int) or isinstance(self.node_rank, bool) or self.node_rank != 0:
+            raise bad("node_rank", self.node_rank, "an engine runs on node 0; start the other nodes with "
+                      "`core-runner serve --headless --node-rank N ...`")
+        if not isinstance(self.master_addr, str) or not self.master_addr:
+            raise bad("master_addr", self.master_addr, "expected a host name or IP address of node 0")
+        port = self.master_port
+        if port is not None and (not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536):
+            raise bad("master_port", port, "expected None (a free port, one node only) or a port in 1..65535")
+        if nodes > 1 and port is None:
+            raise bad("master_port", None, f"nnodes={nodes} needs a fixed port that the other nodes can reach")
+        if tp > 1 and self.device.startswith("cuda:") and self.device != "cuda:0":
+            raise bad("device", self.device, "with tensor_parallel_size > 1 each node's ranks use cuda:0..k-1; "
+                      "pick the GPUs with CUDA_VISIBLE_DEVICES and pass device='cuda'")
 
     def _resolve_memory_fields(self, bad) -> None:
         util, frac = self.gpu_memory_utilization, self.kv_cache_memory_fraction

@@ -55,6 +55,22 @@ def check_quantization(hf_config: Any, reg: Registration) -> None:
         )
 
 
+def check_parallel(config: EngineConfig, reg: Registration) -> None:
+    """Refuse tensor / expert parallelism for a family that does not declare it: its layers
+    may not split themselves across ranks (whole weights on every rank would give wrong sums)."""
+    for asked, cap_name, option in (
+        (config.tensor_parallel_size > 1, "tensor_parallel", f"tensor_parallel_size={config.tensor_parallel_size}"),
+        (config.enable_expert_parallel, "expert_parallel", "enable_expert_parallel=True"),
+    ):
+        cap = reg.capability(cap_name)
+        if asked and not cap.supported:
+            raise UnsupportedError(
+                f"{option} needs the {cap_name} capability, which {reg.architecture} (plugin {reg.plugin!r}) "
+                f"declares {cap.state}{': ' + cap.reason if cap.reason else ''}; use "
+                f"{'tensor_parallel_size=1' if cap_name == 'tensor_parallel' else 'enable_expert_parallel=False'}"
+            )
+
+
 def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
     downgrades: list[str] = []
 
@@ -65,6 +81,7 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
         logger.warning(line)
         downgrades.append(line)
 
+    check_parallel(config, reg)
     if config.enable_prefix_caching:
         prefix = reg.capability("prefix_caching")
         if prefix.supported:

@@ -7,12 +7,15 @@ returns its input, so a model runs unchanged in one process.
 
 A group holds two process groups over the same ranks: ``device_group`` for tensors on
 the model's device (NCCL on CUDA, gloo on the CPU) and ``cpu_group`` (always gloo) for
-the engine's control messages. Expert parallelism uses the same ranks: with
+the engine's control messages (two groups, so that a control message can never be
+matched against a pending model collective). Expert parallelism uses the same ranks: with
 ``expert_parallel`` set, a fused-MoE layer keeps whole experts (1/size of them) instead of
 1/size of every expert's intermediate dimension.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,16 +95,33 @@ def init_tensor_parallel(
     world_size: int, rank: int, local_rank: int, backend: str, init_method: str, *,
     expert_parallel: bool = False, timeout_s: float = 600.0,
 ) -> GroupCoordinator:
-    """Join the process group (every rank calls it) and make it this process's TP group."""
+    """Join the process group (every rank calls it) and make it this process's TP group.
+
+    A process holds one such group (torch.distributed's default group): a second one
+    needs ``destroy_tensor_parallel`` first."""
     from datetime import timedelta
 
     global _TP
+    if dist.is_initialized():
+        raise RuntimeError("this process already belongs to a tensor-parallel group (one engine with "
+                           "tensor_parallel_size > 1 per process): shut that engine down first")
     dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank,
                             timeout=timedelta(seconds=timeout_s))
-    device_group = dist.group.WORLD
-    cpu_group = device_group if backend == "gloo" else dist.new_group(backend="gloo")
-    _TP = GroupCoordinator(rank, world_size, local_rank, device_group, cpu_group, expert_parallel)
+    cpu_group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    _TP = GroupCoordinator(rank, world_size, local_rank, dist.group.WORLD, cpu_group, expert_parallel)
     return _TP
+
+
+@contextmanager
+def use_tp_group(group: GroupCoordinator) -> Iterator[GroupCoordinator]:
+    """``group`` is the TP group inside the block: layers built there split themselves for
+    it, and the collectives called there use it. A runner holds its group and enters it
+    around every forward, so an engine of one rank and one of several can share a process."""
+    prev = set_tp_group(group)
+    try:
+        yield group
+    finally:
+        set_tp_group(prev)
 
 
 def set_tp_group(group: GroupCoordinator) -> GroupCoordinator:

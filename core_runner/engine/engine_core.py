@@ -10,7 +10,9 @@ outputs are read, Ctrl-C) must never wedge the engine: the requests whose state 
 fault leaves unknown (those scheduled in the failed step and in every step still in
 flight) finish with ``finish_reason="error"``, their rows, blocks and pending counts are
 freed, and the next step runs the other requests. They are not retried: a forward that
-raised once would most likely raise again, and a retry could emit tokens twice.
+raised once would most likely raise again, and a retry could emit tokens twice. Under
+tensor parallelism a failed step stops the engine (``EngineDeadError``, re-raised after
+the same cleanup): the ranks' collectives can no longer be matched.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Callable
 
 from core_runner.engine.request import Request
 from core_runner.engine.scheduler import Scheduler
+from core_runner.executor.errors import EngineDeadError
 from core_runner.runner.async_output import AsyncOutput
 from core_runner.runner.model_runner import ModelRunner
 from core_runner.step_data.scheduler_output import SchedulerOutput
@@ -82,7 +85,7 @@ class EngineCore:
                     break
         except BaseException as exc:
             finished += self._fail_step(unsettled, exc)
-            if not isinstance(exc, Exception):
+            if not isinstance(exc, Exception) or isinstance(exc, EngineDeadError):
                 self.carried = finished
                 raise
         return finished

@@ -9,8 +9,8 @@ import threading
 
 import torch
 
-from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
+from core_runner.distributed import use_tp_group
 from core_runner.engine.debug import EngineDebug
 from core_runner.engine.defaults import (
     MemoryProbe,
@@ -25,16 +25,17 @@ from core_runner.engine.output_processor import OutputProcessor
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
 from core_runner.engine.scheduler import Scheduler
+from core_runner.executor.build import RankSpec, build_runner
+from core_runner.executor.multiproc import MultiprocRunner
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
     architecture_of,
-    build_model,
     load_hf_config,
     load_tokenizer,
     resolve_model,
     resolve_tokenizer,
 )
-from core_runner.oracle import check_model_fits, check_quantization, plan_execution
+from core_runner.oracle import check_quantization, plan_execution
 from core_runner.plugins import PluginManager, load_plugins
 from core_runner.pooling_params import PoolingParams
 from core_runner.runner.model_runner import ModelRunner
@@ -42,6 +43,9 @@ from core_runner.sampling_params import SamplingParams
 from core_runner.step_data.scheduler_output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
+
+# how long rank 0 waits for every rank (and node) to join the tensor-parallel group
+_RENDEZVOUS_TIMEOUT_S = 600.0
 
 
 def available_memory(device: torch.device) -> tuple[int, int]:
@@ -89,16 +93,33 @@ class LLMEngine:
                 f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings={max_pos}"
             )
         self.dtype = resolve_dtype(config.dtype, self.hf_config, config.device)
-        model_cls = self.registration.load_model_class()
-        self.model = build_model(model_cls, self.hf_config, self.dtype, config.device, self.model_path)
-        state_cls = self.registration.load_model_state_class()
-        self.model_state = state_cls(config, self.model, torch.device(config.device))
-        backend = get_backend(self.plan.attention_backend)
-        check_model_fits(backend, self.model, self.architecture)  # e.g. MLA layers need supports_mla
-        self.runner = ModelRunner(
-            config, self.model, self.model_state, backend,
-            triton_kernels=self.plan.kernels == "triton", cuda_graphs=self.plan.cuda_graphs,
-        )
+        spec = RankSpec(config, self.registration, self.plan, self.hf_config, str(self.model_path), self.dtype,
+                        self.architecture)
+        # what the core calls: rank 0's runner alone, or the tensor-parallel ranks through it
+        self.executor: ModelRunner | MultiprocRunner
+        if config.tensor_parallel_size > 1:
+            self.executor = MultiprocRunner.start(
+                config.tensor_parallel_size, config.nnodes, config.master_addr, config.master_port, config.device,
+                config.enable_expert_parallel, timeout_s=_RENDEZVOUS_TIMEOUT_S,
+            )
+            try:
+                self.executor.broadcast_spec(spec)
+                with use_tp_group(self.executor.group):
+                    self.executor.runner = build_runner(spec)
+                self.runner = self.executor.runner
+                self._finish_build(memory_probe)
+            except BaseException:
+                self.executor.shutdown()
+                raise
+        else:
+            self.runner = self.executor = build_runner(spec)
+            self._finish_build(memory_probe)
+
+    def _finish_build(self, memory_probe: MemoryProbe | None) -> None:
+        config = self.config
+        max_pos = getattr(self.hf_config, "max_position_embeddings", None)
+        self.model, self.model_state = self.runner.model, self.runner.model_state
+        state_cls = type(self.model_state)
         self.memory_probe = memory_probe or available_memory
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
         if self.num_blocks < config.max_blocks_per_req:
@@ -107,14 +128,14 @@ class LLMEngine:
                 f"(needs {config.max_blocks_per_req} blocks of {config.block_size}); raise num_kv_blocks or "
                 "lower max_model_len"
             )
-        self.runner.initialize_kv_cache(self.num_blocks)
-        self.runner.capture_graphs()
+        self.executor.initialize_kv_cache(self.num_blocks)
+        self.executor.capture_graphs()
         scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, block_size=config.block_size, num_blocks=self.num_blocks,
             chunked_prefill=self.plan.chunked_prefill,
         )
-        self.core = EngineCore(scheduler, self.runner, self.plan.async_scheduling)
+        self.core = EngineCore(scheduler, self.executor, self.plan.async_scheduling)
         self.tokenizer = load_tokenizer(resolve_tokenizer(config, self.model_path))
         self.tasks = tuple(state_cls.supported_tasks)
         self.input_processor = InputProcessor(
@@ -132,6 +153,12 @@ class LLMEngine:
         self.debug = EngineDebug(self)
         logger.info("engine ready: %s via plugin %r, %d KV blocks of %d tokens, plan %s",
                     self.architecture, self.registration.plugin, self.num_blocks, config.block_size, self.plan)
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and leave their group (nothing to do for one rank);
+        also happens when the engine is garbage-collected or the process exits."""
+        if isinstance(self.executor, MultiprocRunner):
+            self.executor.shutdown()
 
     def default_sampling_params(self) -> SamplingParams:
         """vLLM's defaults with the checkpoint's generation_config.json values applied
@@ -165,7 +192,9 @@ class LLMEngine:
         block_bytes = max(1, rep["kv_bytes_per_token"] * c.block_size)
         activations = self._profile_activation_bytes()
         free, total = read_memory(self.memory_probe, torch.device(c.device))
-        budget = kv_cache_budget(c, free, total, activations) - row_bytes
+        # the ranks of a node share its host memory; each GPU rank has its own device memory
+        sharing = c.tensor_parallel_size // c.nnodes if c.device == "cpu" else 1
+        budget = kv_cache_budget(c, free, total, activations) // sharing - row_bytes
         useful = c.max_num_seqs * c.max_blocks_per_req  # more blocks than this can never be used
         n = min(useful, budget // block_bytes)
         logger.info("KV pool sized from memory: %d blocks (%.1f MiB; %.1f MiB free of %.1f MiB, activation peak "
@@ -181,14 +210,14 @@ class LLMEngine:
         if device.type != "cuda":
             return 0
         c = self.config
-        self.runner.initialize_kv_cache(c.max_blocks_per_req)
+        self.executor.initialize_kv_cache(c.max_blocks_per_req)
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
         n = min(c.max_num_seqs, c.max_num_batched_tokens)
         so = SchedulerOutput(num_scheduled_tokens={f"profile{i}": 1 for i in range(n)})
         so.num_scheduled_tokens[f"profile{n - 1}"] += c.max_num_batched_tokens - n
-        self.runner.execute_model(so, dummy=True)
+        self.executor.execute_model(so, dummy=True)
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base
         self.runner.kv_caches.clear()

@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 
 from core_runner.attention.backend import AttentionBackend
 from core_runner.config import EngineConfig
+from core_runner.distributed import get_tp_group, use_tp_group
 from core_runner.forward_context import set_forward_context
 from core_runner.kernels.input_prep import post_update_ref, prepare_inputs_ref
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
@@ -43,6 +44,9 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.block_size = config.block_size
         self.triton = triton_kernels
+        # the tensor-parallel group this runner's model was built for (one rank by default):
+        # entered around every step, so the layers' collectives use it
+        self.tp_group = get_tp_group()
         self.req_state = RequestState(
             config.max_num_seqs, config.max_model_len, config.max_blocks_per_req, self.device
         )
@@ -75,6 +79,10 @@ class ModelRunner:
     # ---- one step -----------------------------------------------------------------
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput, dummy: bool = False) -> AsyncOutput:
+        with use_tp_group(self.tp_group):
+            return self._execute(out, dummy)
+
+    def _execute(self, out: SchedulerOutput, dummy: bool) -> AsyncOutput:
         if dummy:
             self.num_dummy_runs += 1
             n = max(1, out.total_num_scheduled_tokens)
@@ -195,7 +203,9 @@ class ModelRunner:
             for hook in self.logits_hooks:
                 hook(batch.req_ids, logits)
         out = self._sample(batch, logits)
-        sampled = out.sampled
+        # every rank samples the same token from the same gathered logits; rank 0's copy is
+        # sent to all so that no kernel's rounding can ever make the ranks' token ids differ
+        sampled = self.tp_group.broadcast(out.sampled, src=0)
         if batch.is_dummy:
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, []))
         tables = self.req_state.tables()
@@ -227,6 +237,12 @@ class ModelRunner:
         if self.graphs is None:
             return 0
         keys = sorted(self.graphs.keys(), key=lambda k: -k.num_tokens)
+        with use_tp_group(self.tp_group):
+            self._capture(keys)
+        logger.info("captured %d CUDA graphs", len(keys))
+        return len(keys)
+
+    def _capture(self, keys: list[GraphKey]) -> None:
         for key in tqdm(keys, desc="capturing CUDA graphs", disable=not logger.isEnabledFor(logging.INFO)):
             batch = self._dummy_batch(key.num_reqs, key.num_tokens, key=key)
             extra = self.model_state.prepare_dummy_inputs(key.num_reqs, key.num_tokens)
@@ -237,5 +253,3 @@ class ModelRunner:
                     return self.model(batch.input_ids, batch.positions, **extra)
 
             self.graphs.capture(key, run)
-        logger.info("captured %d CUDA graphs", len(keys))
-        return len(keys)

@@ -1,0 +1,44 @@
+"""Building one rank's model runner: the same code on the driver and on every worker.
+
+Everything a rank needs travels in a ``RankSpec`` (picklable: the registration holds
+lazy "module:attr" strings, so a worker imports the plugin's classes by name, also a
+plugin registered only in the driver's process, as long as its module is importable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from core_runner.attention.registry import get_backend
+from core_runner.config import EngineConfig
+from core_runner.loader import build_model
+from core_runner.oracle import ExecutionPlan, check_model_fits
+from core_runner.registry import Registration
+from core_runner.runner.model_runner import ModelRunner
+
+
+@dataclass
+class RankSpec:
+    config: EngineConfig
+    registration: Registration
+    plan: ExecutionPlan
+    hf_config: Any
+    model_path: str
+    dtype: torch.dtype
+    architecture: str
+
+
+def build_runner(spec: RankSpec) -> ModelRunner:
+    """Model (split for the current TP group), its ModelState and the runner, on the
+    spec's ``config.device`` (a worker's spec names its own GPU)."""
+    config = spec.config
+    model_cls = spec.registration.load_model_class()
+    model = build_model(model_cls, spec.hf_config, spec.dtype, config.device, spec.model_path)
+    state_cls = spec.registration.load_model_state_class()
+    model_state = state_cls(config, model, torch.device(config.device))
+    backend = get_backend(spec.plan.attention_backend)
+    check_model_fits(backend, model, spec.architecture)  # e.g. MLA layers need supports_mla
+    return ModelRunner(config, model, model_state, backend, triton_kernels=spec.plan.kernels == "triton",
+                       cuda_graphs=spec.plan.cuda_graphs)
