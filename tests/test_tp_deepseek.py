@@ -5,9 +5,11 @@ with mscale 0.707, direct q_proj, two shared experts) and DeepSeek-V3's (q_lora,
 routing with a correction bias, fp8 block-quantized weights whose 16-wide blocks the
 TP=4 shared-expert split cuts through).
 
-Each rank runs an unmodified single-process engine over a model built with the rank's
-TP group installed (SPMD): every rank schedules the same requests in the same order, so
-the collectives inside the layers line up. Every rank's greedy tokens must equal TP=1's
+Most tests run, on each rank, an unmodified single-process engine over a model built
+with the rank's TP group installed (SPMD): every rank schedules the same requests in the
+same order, so the collectives inside the layers line up (several checkpoints and
+schedules per spawn, cheaply). One goes through the engine's own
+``tensor_parallel_size``. Every rank's greedy tokens must equal TP=1's
 and every recorded logits row (prefill chunk ends and decodes) must be within 1e-4.
 """
 from __future__ import annotations
@@ -42,14 +44,18 @@ def _build(root: Path, name: str) -> str:
     return str(Reference(reg, ex, root).path)
 
 
-def _generate(path: str, scenario: str) -> dict:
-    """Greedy tokens, recorded logits and the layout facts of one engine run in this process."""
+def _generate(path: str, scenario: str, **engine_opts) -> dict:
+    """Greedy tokens, recorded logits (rank 0's) and the layout facts of one engine run
+    driven from this process."""
     opts, lens, n = SCENARIOS[scenario]
     engine = make_engine(Checkpoint(name=Path(path).name, path=path, hf=None), max_model_len=64, max_num_seqs=4,
-                         **opts)
-    rec = Recorder(engine)
-    prompts = random_prompts(lens, seed=3, vocab=engine.vocab_size)
-    outs = run(engine, [(f"r{i}", p, greedy(n)) for i, p in enumerate(prompts)])
+                         **opts, **engine_opts)
+    try:
+        rec = Recorder(engine)
+        prompts = random_prompts(lens, seed=3, vocab=engine.vocab_size)
+        outs = run(engine, [(f"r{i}", p, greedy(n)) for i, p in enumerate(prompts)])
+    finally:
+        engine.shutdown()
     attn = engine.runner.model.model.layers[0].self_attn
     return {
         "tokens": {rid: list(o.token_ids) for rid, o in outs.items()},
@@ -120,6 +126,13 @@ def test_tp4_expert_parallel_equals_tp1(tp1):
     runs = [("v2-lite-yarn", "chunked"), ("v3-qlora-fp8", "batch")]
     per_rank = run_ranks(_spmd, 4, [(tp1[name][0], s) for name, s in runs], expert_parallel=True, timeout_s=400)
     _assert_equal_to_tp1(tp1, runs, per_rank, 4)
+
+
+def test_engine_tp2_equals_tp1(tp1):
+    """The engine's own tensor parallelism (a spawned worker for rank 1, steps broadcast
+    from rank 0): chunked prefill of the V3 shape (q_lora, fp8) as at TP=1."""
+    got = _generate(tp1["v3-qlora-fp8"][0], "chunked", tensor_parallel_size=2)
+    _assert_equal_to_tp1(tp1, [("v3-qlora-fp8", "chunked")], [[got]], 2)
 
 
 def test_heads_not_divisible_by_tp_is_refused():
