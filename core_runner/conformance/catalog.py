@@ -28,7 +28,8 @@ class Check:
 
 
 def _c(id: str, scope: str, func: str, statement: str, **kw) -> Check:
-    group = {"REG": "registration", "STATE": "state", "EQ": "equivalence", "BOUND": "bounds"}[id.split("-")[1]]
+    group = {"REG": "registration", "STATE": "state", "EQ": "equivalence", "BOUND": "bounds",
+             "TP": "equivalence"}[id.split("-")[1]]
     if group == "registration":
         kw.setdefault("task", None)
     return Check(id=id, group=group, scope=scope, statement=statement, func=func, **kw)
@@ -106,6 +107,12 @@ CHECKS: tuple[Check, ...] = (
        "A request whose positions reach the end of max_position_embeddings (raised to 4,096 where the example "
        "is smaller) gives the reference's logits at every prefill chunk end and decode step, and its greedy "
        "tokens."),
+    _c("CR-TP-01", "capability", "checks_parallel:tensor_parallel_equals_one_rank",
+       "Tensor parallelism equals one rank: at tensor_parallel_size=2 (CPU, gloo) every example, and a "
+       "one-KV-head variant where the example has as many KV heads as ranks, gives the same greedy tokens and "
+       "logits within 1e-4 (float32) as tensor_parallel_size=1, under chunked prefill and a forced preemption "
+       "(embeddings within 1e-4 for a pooling model).",
+       capability="tensor_parallel", task=None),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),

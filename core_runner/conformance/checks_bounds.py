@@ -187,6 +187,12 @@ def unsupported_capability_refused(ctx: Ctx) -> None:
         if not any(d.startswith("prefix caching off") for d in e.plan.downgrades):
             fail(f"{what}: enable_prefix_caching=True (not strict) is neither refused nor a named downgrade")
         ctx.note("enable_prefix_caching=True is refused in strict mode, a named downgrade otherwise")
+    elif cap == "tensor_parallel":
+        expect_raises(lambda: ctx.engine(tensor_parallel_size=2), UnsupportedError,
+                      f"{what}: tensor_parallel_size=2", match="tensor_parallel")
+    elif cap == "expert_parallel":
+        expect_raises(lambda: ctx.engine(tensor_parallel_size=2, enable_expert_parallel=True), UnsupportedError,
+                      f"{what}: enable_expert_parallel=True", match="_parallel capability")
     elif cap.startswith("quantization:"):
         _quantized_checkpoint_refused(ctx, cap.split(":", 1)[1], what)
     else:

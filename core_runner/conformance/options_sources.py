@@ -1,5 +1,5 @@
 """CR-BOUND-04 probes of the options that say where a checkpoint comes from (a hub id's
-revision, the tokenizer's) and of the parallelism sizes; registered with ``options.probe``."""
+revision, the tokenizer's) and of pipeline_parallel_size; registered with ``options.probe``."""
 from __future__ import annotations
 
 import json
@@ -95,11 +95,6 @@ def _one_only(ctx: Ctx, name: str) -> str:
     if len(out.token_ids) != 2:
         fail(f"{name}=1 (vLLM's default) did not generate")
     return f"1 runs on one device; {_rejects(ctx, f'{name}=2 (not implemented)', **{name: 2})}"
-
-
-@probe("tensor_parallel_size")
-def _tensor_parallel_size(ctx: Ctx) -> str:
-    return _one_only(ctx, "tensor_parallel_size")
 
 
 @probe("pipeline_parallel_size")

@@ -101,6 +101,7 @@ class LLMEngine:
             self.executor = MultiprocRunner.start(
                 config.tensor_parallel_size, config.nnodes, config.master_addr, config.master_port, config.device,
                 config.enable_expert_parallel, timeout_s=_RENDEZVOUS_TIMEOUT_S,
+                preload=[type(self.hf_config).__module__, self.registration.model.split(":")[0]],
             )
             try:
                 self.executor.broadcast_spec(spec)

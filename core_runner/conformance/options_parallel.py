@@ -1,0 +1,59 @@
+"""CR-BOUND-04 probes of the tensor-parallel options; registered with ``options.probe``.
+
+They stay cheap: every value they try is refused before a worker starts. Running a
+declared family with tensor_parallel_size > 1 is CR-TP-01's work (checks_parallel.py).
+"""
+from __future__ import annotations
+
+from core_runner.conformance.checks_bounds import expect_raises
+from core_runner.conformance.harness import Ctx
+from core_runner.conformance.options import _rejects, probe
+from core_runner.oracle import UnsupportedError
+
+
+def _declared(ctx: Ctx, cap: str) -> bool:
+    return ctx.registration.capability(cap).supported
+
+
+@probe("tensor_parallel_size")
+def _tensor_parallel_size(ctx: Ctx) -> str:
+    text = _rejects(ctx, "tensor_parallel_size=0", tensor_parallel_size=0)
+    if _declared(ctx, "tensor_parallel"):
+        return f"{text}; sizes > 1 run under CR-TP-01 (tensor_parallel declared supported)"
+    expect_raises(lambda: ctx.engine(tensor_parallel_size=2), UnsupportedError,
+                  "tensor_parallel_size=2 with tensor_parallel undeclared", match="tensor_parallel")
+    return f"{text}; refuses tensor_parallel_size=2 by the capability's name (tensor_parallel not declared)"
+
+
+@probe("enable_expert_parallel")
+def _enable_expert_parallel(ctx: Ctx) -> str:
+    text = _rejects(ctx, "enable_expert_parallel='yes'", enable_expert_parallel="yes")
+    text += "; " + _rejects(ctx, "enable_expert_parallel=True with one rank", enable_expert_parallel=True)
+    if _declared(ctx, "tensor_parallel") and not _declared(ctx, "expert_parallel"):
+        expect_raises(lambda: ctx.engine(tensor_parallel_size=2, enable_expert_parallel=True), UnsupportedError,
+                      "enable_expert_parallel=True with expert_parallel undeclared", match="expert_parallel")
+        text += "; refuses it by the capability's name (expert_parallel not declared)"
+    return text
+
+
+@probe("nnodes")
+def _nnodes(ctx: Ctx) -> str:
+    return _rejects(ctx, "nnodes=2 with tensor_parallel_size=1 (not a divisor)", nnodes=2)
+
+
+@probe("node_rank")
+def _node_rank(ctx: Ctx) -> str:
+    return _rejects(ctx, "node_rank=1 (an engine is node 0; other nodes run headless)", node_rank=1)
+
+
+@probe("master_addr")
+def _master_addr(ctx: Ctx) -> str:
+    return _rejects(ctx, "master_addr=''", master_addr="")
+
+
+@probe("master_port")
+def _master_port(ctx: Ctx) -> str:
+    text = _rejects(ctx, "master_port=0", master_port=0)
+    expect_raises(lambda: ctx.engine(master_port=None, nnodes=2, tensor_parallel_size=2), ValueError,
+                  "nnodes=2 without master_port", match="master_port")
+    return text + "; rejects nnodes=2 without a master_port"
