@@ -1,25 +1,19 @@
-"""DeepSeek under tensor and expert parallelism: TP=2, and TP=4 with EP, equal TP=1.
+"""DeepSeek under tensor and expert parallelism (the engine's ``tensor_parallel_size`` /
+``enable_expert_parallel``, gloo on the CPU): TP=2 and TP=4, with and without EP, equal TP=1.
 
 Checkpoints are the plugin's own conformance examples: DeepSeek-V2-Lite's shape (YaRN
 with mscale 0.707, direct q_proj, two shared experts) and DeepSeek-V3's (q_lora, sigmoid
 routing with a correction bias, fp8 block-quantized weights whose 16-wide blocks the
-TP=4 shared-expert split cuts through).
-
-Most tests run, on each rank, an unmodified single-process engine over a model built
-with the rank's TP group installed (SPMD): every rank schedules the same requests in the
-same order, so the collectives inside the layers line up (several checkpoints and
-schedules per spawn, cheaply). One goes through the engine's own
-``tensor_parallel_size``. Every rank's greedy tokens must equal TP=1's
-and every recorded logits row (prefill chunk ends and decodes) must be within 1e-4.
+TP=4 shared-expert split cuts through). Greedy tokens must equal TP=1's and every
+recorded logits row (prefill chunk ends and decodes) must be within 1e-4; rank 0's
+layers must hold their share of the heads and the whole latent cache.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import Checkpoint, Recorder, greedy, make_engine, random_prompts, run
-from tp_harness import run_ranks
 
 CHECKPOINTS = {  # name -> (architecture, conformance example)
     "v2-lite-yarn": ("DeepseekV2ForCausalLM", "deepseek-v2-lite-shape"),
@@ -70,16 +64,6 @@ def _generate(path: str, scenario: str, **engine_opts) -> dict:
     }
 
 
-def _spmd(runs: list[tuple[str, str]]) -> list[dict]:
-    torch.set_num_threads(1)
-    results = [_generate(path, scenario) for path, scenario in runs]
-    # torch's queue passes tensors as shared-memory handles that die with this rank
-    # before the parent reads them; numpy arrays travel by value
-    for r in results:
-        r["logits"] = {rid: [(p, lg.numpy()) for p, lg in rows] for rid, rows in r["logits"].items()}
-    return results
-
-
 @pytest.fixture(scope="module")
 def tp1(tmp_path_factory, single_torch_thread):
     """name -> (checkpoint path, {scenario: the TP=1 run})."""
@@ -91,48 +75,38 @@ def tp1(tmp_path_factory, single_torch_thread):
     return out
 
 
-def _assert_equal_to_tp1(tp1: dict, runs: list[tuple[str, str]], per_rank: list[list[dict]], tp: int) -> None:
-    for rank, results in enumerate(per_rank):
-        for (name, scenario), got in zip(runs, results):
-            want = tp1[name][1][scenario]
-            where = f"{name}/{scenario} TP={tp} rank {rank}"
-            assert got["tokens"] == want["tokens"], where
-            assert got["chunked"] == want["chunked"] == (scenario == "chunked"), where
-            checked = 0
-            for rid, rows in want["logits"].items():
-                assert [p for p, _ in got["logits"][rid]] == [p for p, _ in rows], f"{where} {rid}"
-                for (pos, lg), (_, ref) in zip(got["logits"][rid], rows):
-                    err = (torch.as_tensor(lg) - ref).abs().max().item()
-                    assert err <= ATOL, f"{where} {rid}: logits at position {pos} differ by {err:.3g}"
-                    checked += 1
-            assert checked >= len(want["tokens"]) * 6, where
-            # heads split, the latent cache whole on every rank
-            assert got["heads"] * tp == want["heads"], where
-            assert got["kv_b_rows"] * tp == want["kv_b_rows"] and got["o_proj_cols"] * tp == want["o_proj_cols"]
-            assert got["kv_cache_shapes"] == want["kv_cache_shapes"], where
-            assert got["kv_bytes_per_token"] == want["kv_bytes_per_token"], where
+# (tensor_parallel_size, enable_expert_parallel, checkpoint, scenario)
+CASES = [
+    (2, False, "v2-lite-yarn", "batch"), (2, False, "v2-lite-yarn", "chunked"),
+    (2, False, "v3-qlora-fp8", "batch"), (2, False, "v3-qlora-fp8", "chunked"),
+    # one head per rank; V3's 40-wide shared experts split into 10 across its 16-wide fp8 blocks
+    (4, False, "v2-lite-yarn", "batch"), (4, False, "v3-qlora-fp8", "chunked"),
+    # whole experts per rank: V2-Lite's 8 two to a rank, V3's 16 four (or eight) to a rank
+    (4, True, "v2-lite-yarn", "chunked"), (4, True, "v3-qlora-fp8", "batch"), (2, True, "v3-qlora-fp8", "chunked"),
+]
 
 
-def test_tp2_equals_tp1(tp1):
-    runs = [(name, s) for name in CHECKPOINTS for s in SCENARIOS]
-    per_rank = run_ranks(_spmd, 2, [(tp1[name][0], s) for name, s in runs], timeout_s=300)
-    _assert_equal_to_tp1(tp1, runs, per_rank, 2)
-
-
-def test_tp4_expert_parallel_equals_tp1(tp1):
-    """One head per rank, and whole experts per rank (V2-Lite's 8 experts two to a rank,
-    V3's 16 four to a rank); the shared experts' intermediate dimension split in four
-    (V3's 40 into 10, across its 16-wide fp8 blocks)."""
-    runs = [("v2-lite-yarn", "chunked"), ("v3-qlora-fp8", "batch")]
-    per_rank = run_ranks(_spmd, 4, [(tp1[name][0], s) for name, s in runs], expert_parallel=True, timeout_s=400)
-    _assert_equal_to_tp1(tp1, runs, per_rank, 4)
-
-
-def test_engine_tp2_equals_tp1(tp1):
-    """The engine's own tensor parallelism (a spawned worker for rank 1, steps broadcast
-    from rank 0): chunked prefill of the V3 shape (q_lora, fp8) as at TP=1."""
-    got = _generate(tp1["v3-qlora-fp8"][0], "chunked", tensor_parallel_size=2)
-    _assert_equal_to_tp1(tp1, [("v3-qlora-fp8", "chunked")], [[got]], 2)
+@pytest.mark.parametrize("tp,ep,name,scenario", CASES, ids=[f"tp{c[0]}{'-ep' if c[1] else ''}-{c[2]}-{c[3]}"
+                                                              for c in CASES])
+def test_tensor_parallel_equals_one_rank(tp1, tp, ep, name, scenario):
+    path, want_runs = tp1[name]
+    want = want_runs[scenario]
+    got = _generate(path, scenario, tensor_parallel_size=tp, enable_expert_parallel=ep)
+    assert got["tokens"] == want["tokens"]
+    assert got["chunked"] == want["chunked"] == (scenario == "chunked")
+    checked = 0
+    for rid, rows in want["logits"].items():
+        assert [p for p, _ in got["logits"][rid]] == [p for p, _ in rows], rid
+        for (pos, lg), (_, ref) in zip(got["logits"][rid], rows):
+            err = (lg - ref).abs().max().item()
+            assert err <= ATOL, f"{rid}: logits at position {pos} differ from TP=1 by {err:.3g}"
+            checked += 1
+    assert checked >= len(want["tokens"]) * SCENARIOS[scenario][2]
+    # rank 0 holds its share of the heads; the latent cache is whole on every rank
+    assert got["heads"] * tp == want["heads"]
+    assert got["kv_b_rows"] * tp == want["kv_b_rows"] and got["o_proj_cols"] * tp == want["o_proj_cols"]
+    assert got["kv_cache_shapes"] == want["kv_cache_shapes"]
+    assert got["kv_bytes_per_token"] == want["kv_bytes_per_token"]
 
 
 def test_heads_not_divisible_by_tp_is_refused():
