@@ -13,7 +13,7 @@ from typing import Sequence
 # engine flags whose default (None) means "as LLM() chooses"; forwarded only when given
 _ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config", "revision",
-                 "tokenizer_revision")
+                 "tokenizer_revision", "tensor_parallel_size", "nnodes", "master_addr", "master_port")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -64,6 +64,14 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--generation-config", default=None, choices=["auto", "vllm"],
                    help="auto: sampling defaults from the checkpoint's generation_config.json; vllm: ignore "
                         "them (default: auto)")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=None,
+                   help="split the model over N ranks (GPUs cuda:0..N-1 per node, or CPU processes) (default: 1)")
+    p.add_argument("--enable-expert-parallel", action="store_true",
+                   help="MoE layers keep whole experts per rank instead of a slice of every expert")
+    p.add_argument("--nnodes", type=int, default=None, help="nodes the ranks are spread over (default: 1)")
+    p.add_argument("--master-addr", default=None, help="node 0's address for the rendezvous (default: 127.0.0.1)")
+    p.add_argument("--master-port", type=int, default=None,
+                   help="rendezvous port on node 0 (default: a free one; required with --nnodes > 1)")
     p.add_argument("--strict", action="store_true", help="turn every plan downgrade and plugin fault into an error")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the chosen defaults)")
 
@@ -72,6 +80,8 @@ def _engine_options(a: argparse.Namespace) -> dict:
     opts = {name: getattr(a, name) for name in _ENGINE_FLAGS if getattr(a, name, None) is not None}
     if a.strict:
         opts["strict"] = True
+    if a.enable_expert_parallel:
+        opts["enable_expert_parallel"] = True
     return opts
 
 
@@ -131,12 +141,31 @@ def cmd_embed(a: argparse.Namespace) -> int:
     return 0
 
 
+def _headless(a: argparse.Namespace) -> int:
+    """A node other than 0: start this node's tensor-parallel ranks and wait for them (the
+    model, its options and every step come from node 0's engine)."""
+    from core_runner.config import resolve_device
+    from core_runner.executor.multiproc import run_headless_node
+
+    tp, nnodes = a.tensor_parallel_size or 1, a.nnodes or 1
+    if not a.headless or not 0 < a.node_rank < nnodes or tp % nnodes or a.master_port is None:
+        raise ValueError(
+            f"--headless / --node-rank {a.node_rank} run a node other than 0: give --headless, --node-rank in "
+            f"1..nnodes-1 (nnodes={nnodes}), --tensor-parallel-size divisible by --nnodes (got {tp}) and "
+            "node 0's --master-addr and --master-port"
+        )
+    device = resolve_device(a.device or "auto")
+    return run_headless_node(tp, nnodes, a.node_rank, a.master_addr or "127.0.0.1", a.master_port, device)
+
+
 def cmd_serve(a: argparse.Namespace) -> int:
     from core_runner import LLM
     from core_runner.entrypoints.openai.api_server import serve
 
     if a.model_arg is not None and a.model is not None and a.model_arg != a.model:
         raise ValueError(f"two models given: {a.model_arg!r} and --model {a.model!r}; give one")
+    if a.headless or a.node_rank:
+        return _headless(a)
     model = a.model_arg or a.model
     if model is None:
         from core_runner.demo import demo_checkpoint
@@ -249,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
     s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its path)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
+    s.add_argument("--headless", action="store_true",
+                   help="run only this node's tensor-parallel ranks for node 0's engine (with --node-rank > 0)")
+    s.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the engine and the server)")
     s.add_argument("--request-timeout", type=float, default=None,
                    help="abort a request running longer than this many seconds (default: no limit)")
     s.set_defaults(func=cmd_serve)
