@@ -8,7 +8,9 @@ BLOCK_M sorted pairs belongs to one expert. ``moe_align`` builds, with device op
   sorted_pairs [max_padded]   pair index (token * top_k + k) or the sentinel
   block_expert [max_blocks]   the expert of each tile, -1 for the unused tail
 where max_padded = T * top_k + E * (BLOCK_M - 1) bounds the padded length from host
-ints alone; programs of unused tiles return at once.
+ints alone; programs of unused tiles return at once. A pair whose id is outside [0, E)
+(expert parallelism marks other ranks' experts -1) is left out of every tile, so it
+contributes nothing.
 
 GEMMs. One launch computes gate_up for every pair (A row = hidden[pair // top_k],
 B = w13[expert]), the activation runs in torch, one launch computes down (A row =
@@ -26,27 +28,32 @@ import triton.language as tl
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """topk_ids: [T, top_k] -> (sorted_pairs int32 [max_padded], block_expert int32 [max_blocks])."""
+    """topk_ids: [T, top_k] -> (sorted_pairs int32 [max_padded], block_expert int32 [max_blocks]);
+    pairs with an id outside [0, num_experts) are in no tile."""
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
     n = flat.numel()
     max_padded = n + num_experts * (block_m - 1)
     max_padded = triton.cdiv(max_padded, block_m) * block_m
-    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + block_m - 1) // block_m * block_m
+    # skipped pairs get bucket num_experts: they sort last and are written to a scratch
+    # slot past the end, which is cut off
+    bucket = torch.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=device)
+    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
     pad_end = padded.cumsum(0)
-    pad_start = pad_end - padded
+    pad_start = torch.cat([pad_end - padded, pad_end.new_full((1,), max_padded)])
     start = counts.cumsum(0) - counts
-    order = torch.sort(flat, stable=True).indices  # pair indices grouped by expert
-    expert_sorted = flat[order]
-    rank = torch.arange(n, device=device) - start[expert_sorted]
-    sorted_pairs = torch.full((max_padded,), n, dtype=torch.int32, device=device)
-    sorted_pairs.scatter_(0, pad_start[expert_sorted] + rank, order.to(torch.int32))
+    order = torch.sort(bucket, stable=True).indices  # pair indices grouped by expert
+    bucket_sorted = bucket[order]
+    rank = torch.arange(n, device=device) - start[bucket_sorted]
+    dest = torch.where(bucket_sorted < num_experts, pad_start[bucket_sorted] + rank, max_padded)
+    sorted_pairs = torch.full((max_padded + 1,), n, dtype=torch.int32, device=device)
+    sorted_pairs.scatter_(0, dest, order.to(torch.int32))
     tile_start = torch.arange(0, max_padded, block_m, device=device)
     block_expert = torch.searchsorted(pad_end, tile_start, right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
-    return sorted_pairs, block_expert
+    return sorted_pairs[:max_padded], block_expert
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -109,10 +116,13 @@ def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, 
 
 def fused_moe_triton(
     hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-    topk_ids: torch.Tensor, block_m: int | None = None,
+    topk_ids: torch.Tensor, block_m: int | None = None, skip_invalid_ids: bool = False,
 ) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
-    topk_weights / topk_ids [T, top_k]. Returns sum_k w_k * expert_k(hidden) as [T, H]."""
+    topk_weights / topk_ids [T, top_k]. Returns sum_k w_k * expert_k(hidden) as [T, H].
+    ``skip_invalid_ids``: ids outside [0, E) may occur (expert parallelism marks other
+    ranks' experts -1) and contribute nothing; their rows start at zero, which costs a
+    fill that a layer whose ids are all valid does not pay."""
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -131,6 +141,7 @@ def fused_moe_triton(
     _launch(hidden, w13, gate_up, weights, sorted_pairs, block_expert, num_pairs, top_k, False, cfg)
     gate, up = gate_up.chunk(2, dim=-1)
     act = F.silu(gate) * up
-    down = torch.empty((num_pairs, hidden_size), dtype=hidden.dtype, device=hidden.device)
+    alloc = torch.zeros if skip_invalid_ids else torch.empty
+    down = alloc((num_pairs, hidden_size), dtype=hidden.dtype, device=hidden.device)
     _launch(act, w2, down, weights, sorted_pairs, block_expert, num_pairs, 1, True, cfg)
     return down.view(num_tokens, top_k, hidden_size).sum(dim=1, dtype=torch.float32).to(hidden.dtype)

@@ -15,6 +15,13 @@ What it needs per step comes from the forward context, ``attn_metadata.extra["ma
 - ``query_start_loc`` / ``query_start_loc_cpu``,
 - ``write_state``: False for dummy runs, which must leave every row untouched.
 
+Under tensor parallelism (vLLM's split) each rank keeps 1/tp of the heads: its slice of
+z, x, dt, A_log, D, dt_bias and of the norm's channels, and of B and C either 1/tp of
+the groups (n_groups % tp == 0) or the one group its heads read (tp % n_groups == 0,
+e.g. the common n_groups=1: B and C replicated). in_proj and conv1d hold the rank's
+parts of their packed x | B | C (and z, dt) channels, the row state is sized by them, so
+each rank keeps the state of its own heads, and out_proj is row-parallel (all-reduce).
+
 With kernels='triton' (``use_triton_kernels``; the attention backend does not matter)
 the conv and scan run as Triton kernels (graph safe; steps with prefill tokens use the
 chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise the torch references
@@ -29,43 +36,125 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from core_runner.distributed import (
+    divide,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
 from core_runner.forward_context import get_forward_context, use_triton_kernels
 from core_runner.kv_cache_spec import RowStateSpec
-from core_runner.layers.linear import Linear, default_weight_loader
+from core_runner.layers.linear import Linear, RowParallelLinear, copy_into
+
+# (rows of the part in the checkpoint tensor, first of them this rank keeps, rows kept)
+Part = tuple[int, int, int]
+
+
+def load_parts(dst: torch.Tensor, loaded, parts: list[Part], what: str) -> None:
+    """Copy this rank's slices of a checkpoint tensor that stacks ``parts`` along dim 0
+    into ``dst``, stacked in the same order. ``loaded`` is a tensor or a lazy slice: only
+    its ``shape`` and ``narrow`` are used before ``copy_into``."""
+    total = sum(p[0] for p in parts)
+    if loaded.shape[0] != total or tuple(loaded.shape[1:]) != tuple(dst.shape[1:]):
+        raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, expected "
+                         f"{(total, *dst.shape[1:])}")
+    src = out = 0
+    for i, (full, first, rows) in enumerate(parts):
+        copy_into(dst.narrow(0, out, rows), loaded.narrow(0, src + first, rows), f"{what} part {i}")
+        src, out = src + full, out + rows
+
+
+def parts_loader(parts: list[Part], what: str):
+    """A ``weight_loader`` that keeps this rank's ``parts`` (see ``load_parts``)."""
+
+    def loader(param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"{what} is not fused; got shard {shard_id!r}")
+        load_parts(param.data, loaded, parts, what)
+
+    return loader
+
+
+def rank_part(total: int, tp: int, rank: int, what: str) -> Part:
+    """The rank's contiguous 1/tp of ``total`` rows."""
+    n = divide(total, tp, what)
+    return total, rank * n, n
 
 
 class GatedRMSNorm(nn.Module):
     """y * silu(z), then RMS-normalised within groups of ``group_size`` channels, times weight
-    (the gate is applied before the normalisation, as in GraniteMoeHybrid / Mamba2 HF)."""
+    (the gate is applied before the normalisation, as in GraniteMoeHybrid / Mamba2 HF).
 
-    def __init__(self, hidden_size: int, group_size: int, eps: float = 1e-6) -> None:
+    With ``split`` the layer holds this rank's 1/tp of the ``hidden_size`` channels (as a
+    column-parallel layer leaves y and z). Groups inside one rank normalise locally; a
+    group spread over several ranks gets its mean square from an all-reduce of the
+    ranks' sums of squares."""
+
+    def __init__(self, hidden_size: int, group_size: int, eps: float = 1e-6, *, split: bool = False) -> None:
         super().__init__()
         if hidden_size % group_size:
             raise ValueError(f"hidden_size={hidden_size} is not a multiple of group_size={group_size}")
+        tp = get_tensor_model_parallel_world_size() if split else 1
+        rank = get_tensor_model_parallel_rank() if split else 0
+        part = rank_part(hidden_size, tp, rank, "gated norm hidden_size")
+        local = part[2]
+        if local % group_size and group_size % local:
+            raise ValueError(f"gated norm: a rank's {local} channels and group_size={group_size} do not align "
+                             f"(hidden_size={hidden_size}, tensor_parallel_size={tp}); one must divide the other")
         self.group_size, self.eps = group_size, eps
-        self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
-        self.weight.weight_loader = default_weight_loader
+        self.num_groups = hidden_size // group_size
+        # a group spread over ranks: this rank's channels are part of group ``self.group``
+        self.spans_ranks = local % group_size != 0
+        self.group = part[1] // group_size
+        self.weight = nn.Parameter(torch.ones(local), requires_grad=False)
+        self.weight.weight_loader = parts_loader([part], "gated norm weight")
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = z.dtype
         h = y.float() * F.silu(z.float())
+        if self.spans_ranks:
+            # a slot per group so that ranks holding other groups add nothing to this one
+            sums = h.new_zeros(*h.shape[:-1], self.num_groups)
+            sums[..., self.group] = h.pow(2).sum(-1)
+            mean_sq = tensor_model_parallel_all_reduce(sums)[..., self.group, None] / self.group_size
+            return self.weight * (h * torch.rsqrt(mean_sq + self.eps)).to(dtype)
         g = h.view(*h.shape[:-1], -1, self.group_size)
         g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * g.view(h.shape).to(dtype)
 
 
 class DepthwiseConv1d(nn.Module):
-    """Holds the conv parameters in the HF layout: weight [C, 1, K], bias [C]."""
+    """Holds the conv parameters in the HF layout: weight [C, 1, K], bias [C]. With
+    ``parts`` (see ``load_parts``) the C channels are the rank's slices of the
+    checkpoint's packed channels."""
 
-    def __init__(self, channels: int, kernel_size: int, bias: bool) -> None:
+    def __init__(self, channels: int, kernel_size: int, bias: bool, parts: list[Part] | None = None) -> None:
         super().__init__()
+        parts = parts or [(channels, 0, channels)]
+        if sum(p[2] for p in parts) != channels:
+            raise ValueError(f"conv1d: parts {parts} keep {sum(p[2] for p in parts)} channels, expected {channels}")
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
-        self.weight.weight_loader = default_weight_loader
+        self.weight.weight_loader = parts_loader(parts, "conv1d weight")
         if bias:
             self.bias = nn.Parameter(torch.empty(channels), requires_grad=False)
-            self.bias.weight_loader = default_weight_loader
+            self.bias.weight_loader = parts_loader(parts, "conv1d bias")
         else:
             self.register_parameter("bias", None)
+
+
+class PackedColumnLinear(Linear):
+    """A linear layer whose output rows are the rank's ``parts`` of a checkpoint matrix
+    packed from several projections (Mamba's in_proj: z | x | B | C | dt), each part
+    split or replicated on its own terms."""
+
+    def __init__(self, in_features: int, parts: list[Part], bias: bool = False, what: str = "in_proj") -> None:
+        self.parts, self.what = parts, what
+        super().__init__(in_features, sum(p[2] for p in parts), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        if shard_id is not None:
+            raise ValueError(f"{self.what} is not fused; got shard {shard_id!r}")
+        load_parts(param.data, loaded, self.parts, self.what)
 
 
 class Mamba2Mixer(nn.Module):
@@ -73,7 +162,10 @@ class Mamba2Mixer(nn.Module):
     in_proj, the causal conv and the selective scan from each request's saved state (or
     zeros), updates that state (except in dummy runs), applies the gated RMSNorm and
     returns out_proj of it, [T, hidden_size]. ``kv_cache_spec`` declares the per-row conv
-    and SSM state."""
+    and SSM state. Under tensor parallelism ``num_heads``, ``n_groups``, ``d_inner`` and
+    ``conv_dim`` are this rank's sizes (``total_num_heads`` / ``total_n_groups`` the
+    model's); n_groups and tensor_parallel_size must divide one another."""
+
     def __init__(
         self, hidden_size: int, *, num_heads: int, head_dim: int, d_state: int, n_groups: int = 1,
         d_conv: int = 4, expand_size: int | None = None, chunk_size: int = 256, conv_bias: bool = True,
@@ -90,20 +182,31 @@ class Mamba2Mixer(nn.Module):
             raise ValueError(f"mamba conv activation {activation!r} is not supported: expected 'silu'")
         if d_conv < 2:
             raise ValueError(f"mamba d_conv={d_conv} must be >= 2")
-        self.hidden_size, self.num_heads, self.head_dim = hidden_size, num_heads, head_dim
-        self.d_state, self.n_groups, self.d_conv, self.d_inner = d_state, n_groups, d_conv, d_inner
+        tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        if n_groups % tp and tp % n_groups:
+            raise ValueError(f"mamba n_groups={n_groups} and tensor_parallel_size={tp}: one must divide the other "
+                             "(groups are split across ranks, or each rank keeps the one group its heads read)")
+        heads = rank_part(num_heads, tp, rank, "mamba num_heads")
+        inner = rank_part(d_inner, tp, rank, "mamba inner size")
+        # 1/tp of the groups, or the single group every head of this rank reads
+        local_groups = n_groups // tp if n_groups % tp == 0 else 1
+        groups = (n_groups * d_state, rank * n_groups // tp * d_state, local_groups * d_state)
+        self.hidden_size, self.num_heads, self.head_dim = hidden_size, heads[2], head_dim
+        self.d_state, self.n_groups, self.d_conv, self.d_inner = d_state, local_groups, d_conv, inner[2]
+        self.total_num_heads, self.total_n_groups = num_heads, n_groups
         self.chunk_size, self.activation = chunk_size, activation
         self.dt_limit = tuple(dt_limit) if dt_limit is not None else (0.0, float("inf"))
-        self.conv_dim = d_inner + 2 * n_groups * d_state
-        self.in_proj = Linear(hidden_size, d_inner + self.conv_dim + num_heads, bias=proj_bias)
-        self.conv1d = DepthwiseConv1d(self.conv_dim, d_conv, conv_bias)
-        self.dt_bias = nn.Parameter(torch.ones(num_heads), requires_grad=False)
-        self.A_log = nn.Parameter(torch.zeros(num_heads), requires_grad=False)
-        self.D = nn.Parameter(torch.ones(num_heads), requires_grad=False)
-        for p in (self.dt_bias, self.A_log, self.D):
-            p.weight_loader = default_weight_loader
-        self.norm = GatedRMSNorm(d_inner, d_inner // n_groups, norm_eps)
-        self.out_proj = Linear(d_inner, hidden_size, bias=proj_bias)
+        # the rank's sizes: its state rows hold only its own heads' channels
+        self.conv_dim = self.d_inner + 2 * local_groups * d_state
+        self.in_proj = PackedColumnLinear(hidden_size, [inner, inner, groups, groups, heads], bias=proj_bias)
+        self.conv1d = DepthwiseConv1d(self.conv_dim, d_conv, conv_bias, parts=[inner, groups, groups])
+        self.dt_bias = nn.Parameter(torch.ones(self.num_heads), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_heads), requires_grad=False)
+        self.D = nn.Parameter(torch.ones(self.num_heads), requires_grad=False)
+        for name in ("dt_bias", "A_log", "D"):
+            getattr(self, name).weight_loader = parts_loader([heads], f"mamba {name}")
+        self.norm = GatedRMSNorm(d_inner, d_inner // n_groups, norm_eps, split=True)
+        self.out_proj = RowParallelLinear(d_inner, hidden_size, bias=proj_bias)
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
         self.layer_name = ""
 

@@ -95,6 +95,23 @@ def read_tensor(f: Any, file: Path, name: str) -> torch.Tensor:
     try:
         return f.get_tensor(name)
     except (SafetensorError, OSError, RuntimeError) as e:
-        if name not in set(f.keys()):
-            raise CheckpointError(f"{file}: has no tensor {name!r}, but {INDEX} says it holds it") from e
-        raise CheckpointError(f"{file}: tensor {name!r} could not be read ({e}); the file may be corrupt") from e
+        raise read_error(f, file, name, e) from e
+
+
+def open_slice(f: Any, file: Path, name: str) -> Any:
+    """safetensors' lazy view of tensor ``name`` (its header only: shape and dtype, no data
+    read); an absent tensor names the file as ``read_tensor`` does."""
+    from safetensors import SafetensorError
+
+    try:
+        return f.get_slice(name)
+    except (SafetensorError, OSError, RuntimeError) as e:
+        raise read_error(f, file, name, e) from e
+
+
+def read_error(f: Any, file: Path, name: str, e: Exception) -> CheckpointError:
+    """The error for tensor ``name`` of ``file`` failing to read: absent (the index was
+    wrong) or unreadable (the file is damaged)."""
+    if name not in set(f.keys()):
+        return CheckpointError(f"{file}: has no tensor {name!r}, but {INDEX} says it holds it")
+    return CheckpointError(f"{file}: tensor {name!r} could not be read ({e}); the file may be corrupt")

@@ -1,11 +1,28 @@
 """Loading checkpoint tensors into a model's parameters.
 
-Parameters carry a ``weight_loader(param, tensor, shard_id=None)``; routing and the
-accounting of fused parts are in ``core_runner.loader.parts``. Each tensor is read in
-one place (the loop in ``load_weights``): routed, read, passed through ``transform``
-(a seam for e.g. dequantization), moved to the parameter's device and dtype, checked to
-be finite, and handed to its parameter. After the last file every parameter, and every
-part of every fused one, must have been filled.
+Parameters carry a ``weight_loader(param, loaded, shard_id=None)``; routing and the
+accounting of fused parts are in ``core_runner.loader.parts``. Each tensor is opened in
+one place (the loop in ``load_weights``): routed, opened as a ``CheckpointSlice``
+(headers only; a quantized weight's scale is checked there) and handed to its parameter.
+After the last file every parameter, and every part of every fused one, must have been
+filled.
+
+What a weight loader receives. A tensor-parallel rank should read only its rows or
+columns, so a loader that can take a lazy ``CheckpointSlice`` gets one and reads what it
+narrows it to (``.shape``, ``.narrow``, then ``copy_into`` / ``materialize`` from
+``core_runner.layers``, which call ``.load()``). Every other loader gets the whole tensor,
+read, dequantized, cast to the parameter's dtype and device and checked finite, as it
+always has. A loader takes slices when it says so with the function attribute
+``accepts_checkpoint_slices = True`` (``False`` refuses them), or, saying nothing, when it
+is defined in one of ``SLICE_AWARE_MODULES``: the modules of ``core_runner.layers`` whose
+loaders use only that interface. Any other loader (a plugin's own, or a layer not yet
+converted) is handed a tensor, so it keeps working unchanged; a plugin subclass that
+overrides a layer's loader is handed a tensor too, even when it calls the parent's.
+A parameter without a ``weight_loader`` is copied into whole.
+
+``transform(name, tensor)`` (a seam for tests and for reshaping a tensor before it
+reaches its parameter) sees whole tensors: with a transform every tensor is read whole,
+dequantized, transformed, then cast and checked.
 """
 from __future__ import annotations
 
@@ -15,78 +32,53 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from core_runner.loader.checkpoint import checkpoint_files, open_safetensors, read_tensor
+from core_runner.loader.checkpoint import checkpoint_files, open_safetensors
 from core_runner.loader.files import CheckpointError
+from core_runner.loader.finite import prepared, where
 from core_runner.loader.parts import LoadedParts, WeightRouter
+from core_runner.loader.slices import CheckpointSlice, open_checkpoint_slice
 from core_runner.quantization import Quantization, TensorLookup, quantization_from_config
 
 # (checkpoint name, tensor) -> tensor: applied to each tensor routed to a parameter
 Transform = Callable[[str, torch.Tensor], torch.Tensor]
 
-# float dtypes whose values the finiteness check reads (fp8 has no isfinite kernel)
-_CHECKED = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# the function attribute by which a weight loader accepts (True) or refuses (False) lazy slices
+ACCEPTS_SLICES = "accepts_checkpoint_slices"
+# modules whose weight loaders touch what they are given only through .shape, .narrow,
+# copy_into and materialize (default_weight_loader, which mamba2 and the plugins reuse,
+# lives in linear); fused_moe's loader calls .to() on it, so it still gets tensors
+SLICE_AWARE_MODULES = ("core_runner.layers.linear", "core_runner.layers.embedding")
 
 
-def _where(file: Path, name: str) -> str:
-    return f"{file}: tensor {name!r}"
+def accepts_slices(loader: Any) -> bool:
+    """Whether ``loader`` is handed a lazy ``CheckpointSlice`` (else a tensor); see the
+    module docstring."""
+    flag = getattr(loader, ACCEPTS_SLICES, None)  # a bound method shows its function's attributes
+    if flag is not None:
+        return bool(flag)
+    return getattr(loader, "__module__", None) in SLICE_AWARE_MODULES
 
 
-def _non_finite(tensor: torch.Tensor, loaded: torch.Tensor, file: Path, name: str) -> CheckpointError:
-    """The error for a tensor with NaN/inf values; it runs only on the failing path."""
-    src = tensor.float() if tensor.dtype not in _CHECKED else tensor
-    nan, inf = int(torch.isnan(src).sum()), int(torch.isinf(src).sum())
-    if nan or inf:
-        first = tuple(int(i) for i in torch.nonzero(~torch.isfinite(src))[0].tolist())
-        return CheckpointError(
-            f"{_where(file, name)} of shape {tuple(tensor.shape)} holds {nan} NaN and {inf} inf values (the first at "
-            f"index {first}); expected finite weights: the checkpoint is corrupt or was saved from a diverged run"
-        )
-    peak = float(src.abs().max())
-    return CheckpointError(
-        f"{_where(file, name)}: its values (max |x| = {peak:.4g}) overflow the model dtype {loaded.dtype}; "
-        "load it with dtype='bfloat16' or 'float32'"
-    )
-
-
-def _prepared(tensor: torch.Tensor, param: nn.Parameter, file: Path, name: str) -> torch.Tensor:
-    """``tensor`` on the parameter's device, in its dtype where both are floating point,
-    checked finite there (on the GPU for a CUDA model, so the check is cheap)."""
-    out = tensor.to(param.device)
-    if out.is_floating_point() and param.dtype in _CHECKED:
-        out = out.to(param.dtype)
-    if out.dtype in _CHECKED and not _finite(out):
-        raise _non_finite(tensor, out, file, name)
-    return out
-
-
-def _finite(t: torch.Tensor) -> bool:
-    """No NaN or inf in ``t``: min and max propagate NaN and show an inf. One reduction
-    pass, ~10x faster on the CPU than ``isfinite(t).all()`` (which materialises a bool
-    tensor); measured on one shared CPU thread it adds ~0.1 s to loading a 58M-parameter
-    Qwen3 (~0.25 s unchecked) and a few ms to the tests' tiny ones."""
-    if t.numel() == 0:
-        return True
-    lo, hi = torch.aminmax(t)
-    return bool(torch.isfinite(lo) & torch.isfinite(hi))
-
-
-def _hand_over(param: nn.Parameter, tensor: torch.Tensor, shard: object, target: str, file: Path, name: str) -> None:
+def _hand_over(param: nn.Parameter, loaded: torch.Tensor | CheckpointSlice, shard: object, target: str, file: Path,
+               name: str) -> None:
     loader = getattr(param, "weight_loader", None)
     part = "" if shard is None else f" part {shard!r}"
     try:
         if loader is None:
             if shard is not None:
                 raise ValueError(f"the parameter has no weight_loader, so it cannot take part {shard!r}")
-            if param.shape != tensor.shape:
+            if param.shape != loaded.shape:
                 raise ValueError(f"expected shape {tuple(param.shape)}")
-            param.data.copy_(tensor)
+            param.data.copy_(loaded)
         elif shard is None:
-            loader(param, tensor)
+            loader(param, loaded)
         else:
-            loader(param, tensor, shard)
+            loader(param, loaded, shard)
+    except CheckpointError:
+        raise  # a slice read inside the loader failed: its error names file and tensor already
     except ValueError as e:
         raise CheckpointError(
-            f"{_where(file, name)} of shape {tuple(tensor.shape)} does not fit parameter {target!r}{part} "
+            f"{where(file, name)} of shape {tuple(loaded.shape)} does not fit parameter {target!r}{part} "
             f"(shape {tuple(param.shape)}): {e}"
         ) from e
 
@@ -96,7 +88,8 @@ def load_weights(
 ) -> None:
     """Fill every parameter of ``model`` from the checkpoint at ``path``. With ``quantization``
     its auxiliary tensors (fp8 block scales) are read with their weights, which it turns into
-    the parameter's dtype before they reach the parameter."""
+    the parameter's dtype before they reach the parameter. Loaders that accept slices read
+    only the regions they keep (see the module docstring)."""
     path = Path(path)
     files = checkpoint_files(path)
     params = dict(model.named_parameters())
@@ -115,19 +108,18 @@ def load_weights(
                 param = params.get(target)
                 if param is None:
                     raise CheckpointError(
-                        f"{_where(file, name)} (mapped to {target!r}) has no parameter in {router.model_name}; "
+                        f"{where(file, name)} (mapped to {target!r}) has no parameter in {router.model_name}; "
                         "add it to ignored_weight_patterns if it is unused"
                     )
                 parts.record(target, shard, f"{file.name}:{name}")
-                tensor = read_tensor(f, file, name)
-                if quantization is not None:
-                    try:
-                        tensor = quantization.prepare(name, tensor, lookup, param.dtype)
-                    except ValueError as e:
-                        raise CheckpointError(f"{_where(file, name)}: {e}") from e
+                whole = open_checkpoint_slice(f, file, name, param, quantization, lookup)
                 if transform is not None:
-                    tensor = transform(name, tensor)
-                _hand_over(param, _prepared(tensor, param, file, name), shard, target, file, name)
+                    loaded = prepared(transform(name, whole.read()), param.dtype, param.device, file, name)
+                elif accepts_slices(getattr(param, "weight_loader", None)):
+                    loaded = whole
+                else:
+                    loaded = whole.load()
+                _hand_over(param, loaded, shard, target, file, name)
     parts.check(path)
 
 

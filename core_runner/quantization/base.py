@@ -4,7 +4,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -15,14 +15,28 @@ SUPPORTED = {
 }
 
 Lookup = Callable[[str], "torch.Tensor | None"]
+# [start, stop) along each dim of a checkpoint tensor: the part of it that one rank reads
+Bounds = tuple[tuple[int, int], ...]
+
+
+class RegionLookup(Protocol):
+    """Reads any checkpoint tensor by name, or only a region of it."""
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        """The shape of tensor ``name`` from its file's header (no data read); None if absent."""
+
+    def read(self, name: str, bounds: Bounds) -> torch.Tensor:
+        """Only the region ``bounds`` of tensor ``name``."""
 
 
 class Quantization(ABC):
     """What the loader needs from a checkpoint quantization format.
 
-    The loader skips tensors for which ``is_auxiliary`` holds, and passes every other
-    tensor through ``prepare`` with a ``lookup(name) -> Tensor | None`` that reads any
-    checkpoint tensor by name, whichever shard file holds it.
+    The loader skips tensors for which ``is_auxiliary`` holds. Every other tensor is either
+    passed whole through ``prepare`` with a ``lookup(name) -> Tensor | None`` that reads any
+    checkpoint tensor by name, whichever shard file holds it; or, read by region (a
+    tensor-parallel rank reads only its rows or columns), checked with ``scale_for`` when
+    it is opened and turned into weights with ``dequantize_region`` when its region is read.
     """
 
     method: str
@@ -39,6 +53,18 @@ class Quantization(ABC):
     def prepare(self, name: str, tensor: torch.Tensor, lookup: Lookup, dtype: torch.dtype) -> torch.Tensor:
         """The tensor the parameter's weight_loader should see: a quantized weight
         dequantized into ``dtype``; an unquantized tensor unchanged."""
+
+    @abstractmethod
+    def scale_for(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], lookup: RegionLookup) -> str | None:
+        """The auxiliary tensor that checkpoint tensor ``name`` (stored as ``dtype``, of
+        ``shape``) is dequantized with, or None to load it as it is. Reads headers only;
+        ValueError when the two do not belong together (as ``prepare`` would raise)."""
+
+    @abstractmethod
+    def dequantize_region(self, name: str, tensor: torch.Tensor, bounds: Bounds, scale_name: str,
+                          lookup: RegionLookup, dtype: torch.dtype) -> torch.Tensor:
+        """``tensor``, the region ``bounds`` of quantized checkpoint tensor ``name``, in
+        ``dtype``: only the part of ``scale_name`` that covers the region is read."""
 
 
 class TensorLookup:
@@ -61,11 +87,26 @@ class TensorLookup:
             self._handles[file] = safe_open(file, framework="pt")
         return self._handles[file]
 
-    def __call__(self, name: str) -> torch.Tensor | None:
+    def _file_of(self, name: str) -> str | None:
         if self._index is None:
             self._index = {n: file for file in self.files for n in self._open(file).keys()}
-        file = self._index.get(name)
+        return self._index.get(name)
+
+    def __call__(self, name: str) -> torch.Tensor | None:
+        file = self._file_of(name)
         return None if file is None else self._open(file).get_tensor(name)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        file = self._file_of(name)
+        return None if file is None else tuple(self._open(file).get_slice(name).get_shape())
+
+    def read(self, name: str, bounds: Bounds) -> torch.Tensor:
+        file = self._file_of(name)
+        if file is None:
+            raise ValueError(f"checkpoint tensor {name!r} is in none of {self.files}")
+        if not bounds:  # a 0-dim tensor has no region to slice
+            return self._open(file).get_tensor(name)
+        return self._open(file).get_slice(name)[tuple(slice(a, b) for a, b in bounds)]
 
 
 def _as_dict(qc: Any) -> dict:

@@ -6,7 +6,11 @@ for ``weight_block_size = [b0, b1]``. The real weight is
 
     W[i, j] = float(W_fp8[i, j]) * scale_inv[i // b0, j // b1]
 
-so the last row / column block may be partial. Modules DeepSeek leaves unquantized
+so the last row / column block may be partial. A region of the weight (a tensor-parallel
+rank's rows or columns) needs only the scale blocks that overlap it: rows
+``start // b0 .. ceil(stop / b0)`` (columns likewise), expanded and cropped by the
+region's offset inside its first block, so a region need not align to blocks.
+Modules DeepSeek leaves unquantized
 (embeddings, norms, the router gate, lm_head) have no scale tensor and load as they are.
 Leading dims (stacked experts [E, out, in] with scales [E, ., .]) are allowed.
 """
@@ -16,7 +20,7 @@ from typing import Any
 
 import torch
 
-from core_runner.quantization.base import Lookup, Quantization
+from core_runner.quantization.base import Bounds, Lookup, Quantization, RegionLookup
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 SCALE_SUFFIX = "_scale_inv"
@@ -40,23 +44,41 @@ def expected_scale_shape(shape: tuple[int, ...], block: tuple[int, int]) -> tupl
     return (*shape[:-2], _cdiv(shape[-2], block[0]), _cdiv(shape[-1], block[1]))
 
 
-def expand_block_scale(scale: torch.Tensor, shape: tuple[int, ...], block: tuple[int, int]) -> torch.Tensor:
-    """Per-block scales [..., nb0, nb1] broadcast to one float32 value per element of ``shape``."""
+def expand_block_scale(scale: torch.Tensor, shape: tuple[int, ...], block: tuple[int, int],
+                       offset: tuple[int, int] = (0, 0)) -> torch.Tensor:
+    """Per-block scales [..., nb0, nb1] broadcast to one float32 value per element of ``shape``.
+    ``offset`` is where that region starts in the weight's last two dims when ``scale`` holds
+    only the blocks overlapping it (``scale_bounds``): the first block may start before it."""
+    r0, c0 = offset[0] % block[0], offset[1] % block[1]
     s = scale.float().repeat_interleave(block[0], dim=-2).repeat_interleave(block[1], dim=-1)
-    return s[..., : shape[-2], : shape[-1]]
+    return s[..., r0: r0 + shape[-2], c0: c0 + shape[-1]]
+
+
+def scale_bounds(bounds: Bounds, block: tuple[int, int]) -> Bounds:
+    """The blocks of the scale tensor that cover region ``bounds`` of its weight (leading
+    dims, e.g. experts, are taken as they are)."""
+    (r0, r1), (c0, c1) = bounds[-2], bounds[-1]
+    rows = (r0 // block[0], max(r0 // block[0], _cdiv(r1, block[0])))
+    cols = (c0 // block[1], max(c0 // block[1], _cdiv(c1, block[1])))
+    return (*bounds[:-2], rows, cols)
+
+
+def check_scale_shape(name: str, shape: tuple[int, ...], scale_shape: tuple[int, ...], block: tuple[int, int]) -> None:
+    """ValueError unless a weight of ``shape`` can carry block scales of ``scale_shape``."""
+    if len(shape) < 2:
+        raise ValueError(f"{name!r}: a block-quantized weight needs >= 2 dims, got shape {tuple(shape)}")
+    want = expected_scale_shape(tuple(shape), block)
+    if tuple(scale_shape) != want:
+        raise ValueError(
+            f"{name!r}: scale tensor has shape {tuple(scale_shape)}, but weight shape {tuple(shape)} with "
+            f"weight_block_size {list(block)} needs {want} (ceil(out/{block[0]}), ceil(in/{block[1]}))"
+        )
 
 
 def dequantize_fp8_block(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],
                          dtype: torch.dtype = torch.float32, name: str = "weight") -> torch.Tensor:
     """float(weight) * scale per [b0, b1] block, computed in float32 and rounded once to ``dtype``."""
-    if weight.dim() < 2:
-        raise ValueError(f"{name!r}: a block-quantized weight needs >= 2 dims, got shape {tuple(weight.shape)}")
-    want = expected_scale_shape(tuple(weight.shape), block)
-    if tuple(scale.shape) != want:
-        raise ValueError(
-            f"{name!r}: scale tensor has shape {tuple(scale.shape)}, but weight shape {tuple(weight.shape)} with "
-            f"weight_block_size {list(block)} needs {want} (ceil(out/{block[0]}), ceil(in/{block[1]}))"
-        )
+    check_scale_shape(name, tuple(weight.shape), tuple(scale.shape), block)
     return (weight.float() * expand_block_scale(scale, tuple(weight.shape), block)).to(dtype)
 
 
@@ -119,20 +141,43 @@ class Fp8BlockQuantization(Quantization):
                    dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return dequantize_fp8_block(tensor, scale, self.block, dtype, name)
 
-    def prepare(self, name: str, tensor: torch.Tensor, lookup: Lookup, dtype: torch.dtype) -> torch.Tensor:
+    def _paired(self, name: str, dtype: torch.dtype, has_scale: bool) -> bool:
+        """Whether ``name`` is dequantized; ValueError for an fp8 tensor without a scale or a
+        scale beside a tensor that is not fp8."""
         scale_name = self.scale_name(name)
-        is_fp8 = tensor.dtype == torch.float8_e4m3fn
-        scale = lookup(scale_name) if is_fp8 or name.endswith(".weight") else None
-        if is_fp8 and scale is None:
+        is_fp8 = dtype == torch.float8_e4m3fn
+        if is_fp8 and not has_scale:
             raise ValueError(
                 f"checkpoint tensor {name!r} is float8_e4m3fn but its scale {scale_name!r} is not in the "
                 "checkpoint: every fp8 weight needs its block scales (weight_scale_inv)"
             )
-        if scale is None:
-            return tensor
-        if not is_fp8:
+        if has_scale and not is_fp8:
             raise ValueError(
-                f"checkpoint tensor {name!r} has a scale {scale_name!r} but dtype {tensor.dtype}: "
+                f"checkpoint tensor {name!r} has a scale {scale_name!r} but dtype {dtype}: "
                 "expected float8_e4m3fn for a block-quantized weight"
             )
+        return has_scale
+
+    def _may_have_scale(self, name: str, dtype: torch.dtype) -> bool:
+        # a lookup per bias and norm would be wasted: only fp8 tensors and '.weight's can carry scales
+        return dtype == torch.float8_e4m3fn or name.endswith(".weight")
+
+    def prepare(self, name: str, tensor: torch.Tensor, lookup: Lookup, dtype: torch.dtype) -> torch.Tensor:
+        scale = lookup(self.scale_name(name)) if self._may_have_scale(name, tensor.dtype) else None
+        if not self._paired(name, tensor.dtype, scale is not None):
+            return tensor
         return self.dequantize(name, tensor, scale, dtype)
+
+    def scale_for(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], lookup: RegionLookup) -> str | None:
+        scale_name = self.scale_name(name)
+        scale_shape = lookup.shape(scale_name) if self._may_have_scale(name, dtype) else None
+        if not self._paired(name, dtype, scale_shape is not None):
+            return None
+        check_scale_shape(name, shape, scale_shape, self.block)
+        return scale_name
+
+    def dequantize_region(self, name: str, tensor: torch.Tensor, bounds: Bounds, scale_name: str,
+                          lookup: RegionLookup, dtype: torch.dtype) -> torch.Tensor:
+        scale = lookup.read(scale_name, scale_bounds(bounds, self.block))
+        offset = (bounds[-2][0], bounds[-1][0])
+        return (tensor.float() * expand_block_scale(scale, tuple(tensor.shape), self.block, offset)).to(dtype)

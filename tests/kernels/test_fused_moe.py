@@ -72,3 +72,62 @@ def test_fused_moe_bf16_gpu():
     ref = fused_moe_ref(x.float(), w13.float(), w2.float(), w.cuda(), ids.cuda())
     out = fused_moe_triton(x, w13, w2, w.cuda(), ids.cuda())
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+def test_moe_align_leaves_out_ids_outside_the_experts():
+    """Expert parallelism marks other ranks' experts -1: those pairs are in no tile."""
+    e, block_m = 4, 16
+    ids = torch.tensor([[0, -1], [3, 2], [-1, -1], [1, 3], [2, 0]], dtype=torch.int32)
+    sorted_pairs, block_expert = moe_align(ids, e, block_m)
+    flat = ids.reshape(-1).long()
+    n = flat.numel()
+    real = sorted_pairs[sorted_pairs < n].long()
+    assert sorted(real.tolist()) == [p for p in range(n) if flat[p] >= 0]
+    for b, ex in enumerate(block_expert.tolist()):
+        tile = sorted_pairs[b * block_m:(b + 1) * block_m].long()
+        tile = tile[tile < n]
+        assert (flat[tile] == ex).all() if ex >= 0 else tile.numel() == 0
+
+
+def test_fused_moe_triton_skips_ids_outside_the_experts(device):
+    g = torch.Generator().manual_seed(3)
+    t, e, k, h, i = 19, 4, 3, 32, 16
+    x = torch.randn(t, h, generator=g)
+    w13 = torch.randn(e, 2 * i, h, generator=g) * 0.2
+    w2 = torch.randn(e, h, i, generator=g) * 0.2
+    w, ids = _routing(t, 2 * e, k, g)  # ids of 2e experts: those >= e belong to another rank
+    local = torch.where(ids < e, ids, -1)
+    # the same sum with the skipped pairs' weights zeroed and their ids on a real expert
+    expected = fused_moe_ref(x, w13, w2, torch.where(ids < e, w, 0.0), torch.where(ids < e, ids, 0))
+    torch.testing.assert_close(fused_moe_ref(x, w13, w2, w, local), expected, rtol=1e-5, atol=1e-6)
+    out = fused_moe_triton(x.to(device), w13.to(device), w2.to(device), w.to(device), local.to(device),
+                           skip_invalid_ids=True)
+    torch.testing.assert_close(out.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
+def test_split_layer_triton_equals_torch(device, expert_parallel):
+    """Each rank's FusedMoE (local shapes; global ids mapped to local under EP) gives the
+    same partial sum with the Triton kernel as with the torch reference."""
+    from core_runner.distributed.parallel_state import GroupCoordinator, set_tp_group
+    from core_runner.layers.fused_moe import FusedMoE
+
+    g = torch.Generator().manual_seed(5)
+    t, e, k, h, i = 23, 8, 2, 32, 32
+    x = torch.randn(t, h, generator=g)
+    w, ids = _routing(t, e, k, g)
+    gate_up = torch.randn(e, 2 * i, h, generator=g) * 0.2
+    down = torch.randn(e, h, i, generator=g) * 0.2
+    for rank in range(2):
+        prev = set_tp_group(GroupCoordinator(rank=rank, world_size=2, expert_parallel=expert_parallel))
+        try:
+            layers = [FusedMoE(e, h, i, impl=impl, reduce_results=False) for impl in ("torch", "triton")]
+        finally:
+            set_tp_group(prev)
+        outs = []
+        for moe in layers:
+            moe.w13.weight_loader(moe.w13.weight, gate_up)
+            moe.w2.weight_loader(moe.w2.weight, down)
+            outs.append(moe.to(device)(x.to(device), w.to(device), ids.to(device)).cpu())
+        assert outs[0].abs().max() > 0.1, f"rank {rank}: its experts saw no tokens"
+        torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-5)

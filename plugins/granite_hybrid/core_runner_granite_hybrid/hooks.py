@@ -11,6 +11,10 @@ CAPABILITIES = {
     # a prefix cache would need the recurrent state at block boundaries, not kept here
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
+    # attention and Mamba heads, MLP and expert intermediates, vocabulary split across ranks
+    "tensor_parallel": "supported",
+    # whole experts per rank (the plugin's own Experts class)
+    "expert_parallel": "supported",
 }
 
 # mamba_n_groups=1: transformers 5.17 (the GPU image's reference; 5.24 is fixed) ignores the groups

@@ -1,6 +1,11 @@
 """GraniteMoeHybridForCausalLM from core_runner.layers: Mamba2 mixers and attention
 layers per ``config.layer_types``, a shared MLP plus an optional top-k MoE in every
-layer, NoPE or RoPE attention, and Granite's four scalar multipliers."""
+layer, NoPE or RoPE attention, and Granite's four scalar multipliers.
+
+Under tensor parallelism each rank keeps 1/tp of the attention and Mamba heads, of the
+shared MLP's and of every expert's intermediate dimension (or, with expert parallelism,
+1/tp of the experts whole), and of the vocabulary; the router is replicated. A layer's
+shared-MLP and expert outputs are partial sums, added and all-reduced once."""
 from __future__ import annotations
 
 import re
@@ -12,16 +17,23 @@ from torch import nn
 
 from core_runner.layers import (
     Attention,
-    Linear,
-    LMHead,
-    QKVLinear,
+    Mamba2Mixer,
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
     RMSNorm,
+    RowParallelLinear,
     SiluAndMul,
-    VocabEmbedding,
+    VocabParallelEmbedding,
+    copy_into,
+    default_weight_loader,
+    divide,
+    expert_parallel_enabled,
     get_rope,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
 )
-from core_runner.layers.linear import default_weight_loader
-from core_runner.layers.mamba2 import Mamba2Mixer
 
 MAMBA_TYPES = ("mamba", "linear_attention")
 ATTENTION_TYPES = ("attention", "full_attention")
@@ -48,12 +60,14 @@ class GraniteAttention(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
+        total_heads = config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or h // total_heads
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVLinear(h, self.head_dim, self.num_heads, self.num_kv_heads, bias=bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, h, bias=bias)
+        self.qkv_proj = QKVParallelLinear(h, self.head_dim, total_heads, config.num_key_value_heads or total_heads,
+                                          bias=bias)
+        # this rank's heads
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
         kind = getattr(config, "position_embedding_type", None)
         if kind not in (None, "nope", "rope"):
             raise ValueError(f"position_embedding_type={kind!r} is not supported: expected None or 'rope'")
@@ -74,14 +88,16 @@ class GraniteAttention(nn.Module):
 
 
 class SharedMLP(nn.Module):
-    """input_linear -> [gate | up] -> silu(gate) * up -> output_linear (HF names)."""
+    """input_linear -> [gate | up] -> silu(gate) * up -> output_linear (HF names). The
+    checkpoint's one input_linear tensor stacks gate and up; each rank keeps its slice of
+    both. Without ``reduce_results`` the output is this rank's partial sum."""
 
-    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+    def __init__(self, hidden: int, intermediate: int, act: str, reduce_results: bool = True) -> None:
         super().__init__()
         if act not in ("silu", "swish"):
             raise ValueError(f"hidden_act={act!r} is not supported: expected 'silu'")
-        self.input_linear = Linear(hidden, 2 * intermediate)
-        self.output_linear = Linear(intermediate, hidden)
+        self.input_linear = MergedColumnParallelLinear(hidden, [intermediate, intermediate])
+        self.output_linear = RowParallelLinear(intermediate, hidden, reduce_results=reduce_results)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -103,32 +119,66 @@ class TopKRouter(nn.Module):
 
 
 class Experts(nn.Module):
-    """Expert weights stacked as in the HF checkpoint: gate_up_proj [E, 2I, H], down_proj [E, H, I]."""
+    """Expert weights stacked as in the HF checkpoint: gate_up_proj [E, 2I, H], down_proj
+    [E, H, I]. Under tensor parallelism each rank keeps its 1/tp of every expert's I (the
+    matching rows of gate and of up, columns of down); with expert parallelism it keeps
+    1/tp of the experts whole instead. Either way ``forward`` returns this rank's partial
+    sum."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.num_experts = num_experts
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate, hidden), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate), requires_grad=False)
-        self.gate_up_proj.weight_loader = default_weight_loader
-        self.down_proj.weight_loader = default_weight_loader
+        tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        self.num_experts, self.intermediate = num_experts, intermediate
+        if expert_parallel_enabled():
+            self.num_local = divide(num_experts, tp, "num_local_experts (split by expert parallelism)")
+            self.expert_start, self.slice_index, local = rank * self.num_local, 0, intermediate
+        else:
+            self.num_local, self.expert_start, self.slice_index = num_experts, 0, rank
+            local = divide(intermediate, tp, "intermediate_size (of each expert)")
+        self.gate_up_proj = nn.Parameter(torch.empty(self.num_local, 2 * local, hidden), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(self.num_local, hidden, local), requires_grad=False)
+        self.gate_up_proj.weight_loader = self._load_gate_up
+        self.down_proj.weight_loader = self._load_down
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_proj[e])
+    def _mine(self, loaded, shard_id: object, what: str, shape: tuple[int, ...]):
+        """This rank's experts of a checkpoint tensor holding all of them (checked first)."""
+        if shard_id is not None:
+            raise ValueError(f"experts.{what} is not fused; got shard {shard_id!r}")
+        if tuple(loaded.shape) != shape:
+            raise ValueError(f"experts.{what}: checkpoint tensor has shape {tuple(loaded.shape)}, expected {shape}")
+        return loaded.narrow(0, self.expert_start, self.num_local)
+
+    def _load_gate_up(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        loaded = self._mine(loaded, shard_id, "gate_up_proj", (self.num_experts, 2 * self.intermediate, param.shape[2]))
+        n = param.shape[1] // 2
+        for half, name in enumerate(("gate", "up")):
+            first = half * self.intermediate + self.slice_index * n
+            copy_into(param.data.narrow(1, half * n, n), loaded.narrow(1, first, n), f"experts.gate_up_proj {name}")
+
+    def _load_down(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        loaded = self._mine(loaded, shard_id, "down_proj", (self.num_experts, param.shape[1], self.intermediate))
+        n = param.shape[2]
+        copy_into(param.data, loaded.narrow(2, self.slice_index * n, n), "experts.down_proj columns")
+
+    def _expert(self, local: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj[local]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_proj[local])
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
         if x.device.type == "cuda":
             # no data-dependent shapes (graph safe, no host sync): every expert sees every
             # token, weighted by its routing weight (zero where it was not chosen)
-            for e in range(self.num_experts):
-                w = (weights * (idx == e)).sum(dim=-1, keepdim=True)
-                out += self._expert(e, x) * w
+            for local in range(self.num_local):
+                w = (weights * (idx == self.expert_start + local)).sum(dim=-1, keepdim=True)
+                out += self._expert(local, x) * w
             return out
         for e in idx.unique().tolist():
+            local = e - self.expert_start
+            if not 0 <= local < self.num_local:  # another rank's expert
+                continue
             tok, slot = torch.where(idx == e)
-            out.index_add_(0, tok, self._expert(e, x[tok]) * weights[tok, slot, None])
+            out.index_add_(0, tok, self._expert(local, x[tok]) * weights[tok, slot, None])
         return out
 
 
@@ -161,8 +211,10 @@ class GraniteHybridDecoderLayer(nn.Module):
             self.self_attn = GraniteAttention(config)
         self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
-        self.shared_mlp = SharedMLP(h, config.shared_intermediate_size, config.hidden_act)
-        self.block_sparse_moe = SparseMoE(config) if (config.num_local_experts or 0) > 0 else None
+        has_moe = (config.num_local_experts or 0) > 0
+        # with experts, the shared MLP's partial sum joins theirs in one all-reduce
+        self.shared_mlp = SharedMLP(h, config.shared_intermediate_size, config.hidden_act, reduce_results=not has_moe)
+        self.block_sparse_moe = SparseMoE(config) if has_moe else None
         self.residual_multiplier = float(config.residual_multiplier)
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -172,14 +224,14 @@ class GraniteHybridDecoderLayer(nn.Module):
         h = self.post_attention_layernorm(x)
         m = self.shared_mlp(h)
         if self.block_sparse_moe is not None:
-            m = self.block_sparse_moe(h) + m
+            m = tensor_model_parallel_all_reduce(self.block_sparse_moe(h) + m)
         return x + m * self.residual_multiplier
 
 
 class GraniteHybridModel(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(GraniteHybridDecoderLayer(config, k) for k in layer_types_of(config))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.embedding_multiplier = float(config.embedding_multiplier)
@@ -205,7 +257,7 @@ class GraniteMoeHybridForCausalLM(nn.Module):
         super().__init__()
         self.model = GraniteHybridModel(config)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
         if tied:
             self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
         self.logits_scaling = float(config.logits_scaling)

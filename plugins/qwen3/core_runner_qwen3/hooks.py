@@ -8,7 +8,10 @@ CAPABILITIES = {
     "async_scheduling": "supported",
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
+    "tensor_parallel": "supported",
+    "expert_parallel": "unsupported",  # no MoE layers
 }
+MOE_CAPABILITIES = {**CAPABILITIES, "expert_parallel": "supported"}
 
 TINY = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -43,7 +46,7 @@ def register_models(registry):
         architecture="Qwen3MoeForCausalLM",
         model="core_runner_qwen3.model_moe:Qwen3MoeForCausalLM",
         model_state="model_states.default:DefaultModelState",
-        capabilities=CAPABILITIES,
+        capabilities=MOE_CAPABILITIES,
         reference="transformers:Qwen3MoeForCausalLM",
         examples=[{"name": "tiny-moe", "config": TINY_MOE}, {"name": "qwen3-30b-a3b-shape", "config": QWEN3_30B_A3B}],
     )

@@ -1,4 +1,12 @@
-"""Qwen3ForCausalLM from core_runner.layers: GQA with per-head q/k RMSNorm before RoPE."""
+"""Qwen3ForCausalLM from core_runner.layers: GQA with per-head q/k RMSNorm before RoPE.
+
+Under tensor parallelism (vLLM's split) each rank holds num_attention_heads / tp query
+heads and num_key_value_heads / tp KV heads (one KV head, replicated, when tp exceeds
+their count), so its attention layers and KV cache are the rank's; o_proj and
+down_proj are row-parallel (one all-reduce each), gate/up column-parallel, and the
+embedding and LM head split the vocabulary. q_norm / k_norm act per head, so they are
+whole on every rank.
+"""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -8,27 +16,44 @@ from torch import nn
 
 from core_runner.layers import (
     Attention,
-    Linear,
-    LMHead,
-    MergedLinear,
-    QKVLinear,
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
     RMSNorm,
+    RowParallelLinear,
     SiluAndMul,
-    VocabEmbedding,
+    VocabParallelEmbedding,
+    divide,
     get_rope,
+    get_tensor_model_parallel_world_size,
 )
+
+
+def check_head_split(num_heads: int, num_kv_heads: int) -> None:
+    """ValueError naming the config field when the tensor-parallel size does not split the
+    heads: it must divide num_attention_heads, and divide num_key_value_heads or be a
+    multiple of it (then each KV head is replicated over tp / kv ranks)."""
+    tp = get_tensor_model_parallel_world_size()
+    divide(num_heads, tp, "num_attention_heads")
+    if tp <= num_kv_heads:
+        divide(num_kv_heads, tp, "num_key_value_heads")
+    elif tp % num_kv_heads:
+        raise ValueError(f"tensor_parallel_size={tp} is not divisible by num_key_value_heads={num_kv_heads}: with "
+                         "more ranks than KV heads each one is replicated over tp / num_key_value_heads ranks; pick "
+                         f"a tensor_parallel_size that divides {num_kv_heads} or is a multiple of it")
 
 
 class Qwen3Attention(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
+        total_heads, total_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        check_head_split(total_heads, total_kv_heads)
+        self.head_dim = getattr(config, "head_dim", None) or h // total_heads
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVLinear(h, self.head_dim, self.num_heads, self.num_kv_heads, bias=bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, h, bias=bias)
+        self.qkv_proj = QKVParallelLinear(h, self.head_dim, total_heads, total_kv_heads, bias=bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.rotary_emb = get_rope(config, self.head_dim)
@@ -45,10 +70,14 @@ class Qwen3Attention(nn.Module):
 
 
 class Qwen3MLP(nn.Module):
+    """SiLU-gated MLP of ``intermediate`` units (the config's intermediate_size), 1/tp of
+    them on each rank."""
+
     def __init__(self, hidden: int, intermediate: int) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])
-        self.down_proj = Linear(intermediate, hidden)
+        divide(intermediate, get_tensor_model_parallel_world_size(), "intermediate_size")
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate])
+        self.down_proj = RowParallelLinear(intermediate, hidden)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -82,7 +111,7 @@ class Qwen3Model(nn.Module):
     def __init__(self, config: Any, make_layer: Callable[[Any, int], nn.Module] | None = None) -> None:
         super().__init__()
         make_layer = make_layer or (lambda cfg, _i: Qwen3DecoderLayer(cfg))
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(make_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -109,7 +138,7 @@ class Qwen3ForCausalLM(nn.Module):
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
         self.model = Qwen3Model(config)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
         if tied:  # some checkpoints store the shared matrix twice
             self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
 

@@ -3,6 +3,11 @@
 A layer is sparse when it is not in ``mlp_only_layers`` and (layer + 1) is a multiple
 of ``decoder_sparse_step``; other layers keep a dense MLP of ``intermediate_size``.
 Routing is softmax top-k, renormalised over the kept experts when ``norm_topk_prob``.
+
+Under tensor parallelism the router ``gate`` is whole on every rank, so every rank picks
+the same experts for a token; the experts split as ``FusedMoE`` describes (1/tp of each
+expert's intermediate units, or whole experts per rank with expert parallelism) and
+all-reduce their partial sums.
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from core_runner.layers import Linear, LMHead
+from core_runner.layers import Linear, ParallelLMHead
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.moe_routing import softmax_topk
 from core_runner_qwen3.model import Qwen3DecoderLayer, Qwen3Model
@@ -50,7 +55,7 @@ class Qwen3MoeForCausalLM(nn.Module):
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
         self.model = Qwen3Model(config, moe_decoder_layer)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
         # per-expert tensors first (first match wins), then the attention and dense MLPs
         self.packed_modules_mapping = {
             **expert_packed_mapping(config.num_experts),
