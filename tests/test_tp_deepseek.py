@@ -51,6 +51,7 @@ def _generate(path: str, scenario: str, **engine_opts) -> dict:
     finally:
         engine.shutdown()
     attn = engine.runner.model.model.layers[0].self_attn
+    moe = engine.runner.model.model.layers[-1].mlp
     return {
         "tokens": {rid: list(o.token_ids) for rid, o in outs.items()},
         "logits": {rid: rec.logits_of(rid) for rid in outs},
@@ -59,6 +60,8 @@ def _generate(path: str, scenario: str, **engine_opts) -> dict:
         "heads": attn.attn.num_heads,
         "kv_b_rows": attn.kv_b_proj.weight.shape[0],
         "o_proj_cols": attn.o_proj.weight.shape[1],
+        "experts_w13": tuple(moe.experts.w13.weight.shape),
+        "shared_down_cols": moe.shared_experts.down_proj.weight.shape[1],
         "kv_cache_shapes": sorted(tuple(c.shape) for c in engine.runner.kv_caches.values()),
         "kv_bytes_per_token": engine.memory_report()["kv_bytes_per_token"],
     }
@@ -102,7 +105,12 @@ def test_tensor_parallel_equals_one_rank(tp1, tp, ep, name, scenario):
             assert err <= ATOL, f"{rid}: logits at position {pos} differ from TP=1 by {err:.3g}"
             checked += 1
     assert checked >= len(want["tokens"]) * SCENARIOS[scenario][2]
-    # rank 0 holds its share of the heads; the latent cache is whole on every rank
+    # rank 0 holds its share of the heads, of the shared experts' intermediate units and of
+    # the routed experts (1/tp of each, or 1/tp of them whole); the latent cache is whole
+    experts, rows, cols = got["experts_w13"]
+    local = (experts * tp, rows, cols) if ep else (experts, rows * tp, cols)
+    assert local == want["experts_w13"]
+    assert got["shared_down_cols"] * tp == want["shared_down_cols"]
     assert got["heads"] * tp == want["heads"]
     assert got["kv_b_rows"] * tp == want["kv_b_rows"] and got["o_proj_cols"] * tp == want["o_proj_cols"]
     assert got["kv_cache_shapes"] == want["kv_cache_shapes"]

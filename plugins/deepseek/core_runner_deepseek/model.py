@@ -20,9 +20,10 @@ optional renormalisation, times routed_scaling_factor.
 
 Tensor parallelism (vLLM's split): attention heads, the dense and shared MLPs'
 intermediate dimension and the vocabulary are split across ranks; the MLA latent
-projection, its cache and the router are replicated; the routed experts are FusedMoE's
-(split per expert under TP, whole experts per rank under EP). With one rank every layer
-is whole.
+projection, its cache and the router are replicated; the routed experts are split as
+FusedMoE splits them (1/tp of each expert's intermediate dimension, or whole experts per
+rank with expert parallelism), and one all-reduce per MoE layer sums the routed and
+shared experts' partial outputs. With one rank every layer is whole.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from core_runner.layers import (
     divide,
     get_rope,
     get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
     yarn_softmax_scale,
 )
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
@@ -100,12 +102,13 @@ class DeepseekMLA(nn.Module):
 
 class DeepseekMLP(nn.Module):
     """SiLU-gated MLP, its intermediate dimension split across ranks; down_proj sums the
-    ranks' partial outputs, so every rank returns the full [T, hidden]."""
+    ranks' partial outputs, so every rank returns the full [T, hidden] (without
+    ``reduce_results``, this rank's partial sum)."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int, reduce_results: bool = True) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate])
-        self.down_proj = RowParallelLinear(intermediate, hidden)
+        self.down_proj = RowParallelLinear(intermediate, hidden, reduce_results=reduce_results)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,10 +149,12 @@ class DeepseekMoE(nn.Module):
         else:
             self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", True))
         self.gate = DeepseekRouter(self.num_experts, config.hidden_size, with_bias=version == 3)
-        self.experts = FusedMoE(self.num_experts, config.hidden_size, config.moe_intermediate_size)
+        # both return this rank's partial sum; forward reduces them together, once
+        self.experts = FusedMoE(self.num_experts, config.hidden_size, config.moe_intermediate_size,
+                                reduce_results=False)
         n_shared = getattr(config, "n_shared_experts", None) or 0
-        self.shared_experts = (DeepseekMLP(config.hidden_size, config.moe_intermediate_size * n_shared)
-                               if n_shared else None)
+        self.shared_experts = (DeepseekMLP(config.hidden_size, config.moe_intermediate_size * n_shared,
+                                           reduce_results=False) if n_shared else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.gate(x)
@@ -159,15 +164,13 @@ class DeepseekMoE(nn.Module):
                                self.topk_group, self.norm_topk_prob, self.scaling)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # the router is replicated, so every rank picks the same experts; both terms come
-        # back whole on every rank (the shared MLP's down_proj all-reduces, FusedMoE
-        # returns the full routed sum however it splits the experts), so the sum counts
-        # each once
+        # the router is replicated, so every rank picks the same experts (which expert
+        # parallelism needs); the routed and shared partial sums share one all-reduce
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out
+        return tensor_model_parallel_all_reduce(out)
 
 
 class DeepseekDecoderLayer(nn.Module):
