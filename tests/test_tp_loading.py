@@ -400,17 +400,16 @@ def test_fp8_scale_missing_or_misshapen_is_refused_before_any_read(tmp_path, mon
 
 
 @pytest.mark.parametrize("name, shape, message", [
-    # too few rows for rank 1's narrow
+    # too few rows, too many rows (rank 1's rows would exist): the layer checks the whole shape
     ("col.weight", (COL - 2, HIDDEN), r"'col\.weight' of shape \(34, 24\) does not fit parameter 'col\.weight' "
-                                      r"\(shape \(18, 24\)\): narrow\(dim=0, start=18, length=18\) does not fit"),
-    # too many rows: rank 1's rows exist, only the layer knows the whole size
-    pytest.param("col.weight", (COL + 2, HIDDEN), r"'col\.weight' of shape \(38, 24\) does not fit parameter",
-                 marks=pytest.mark.xfail(strict=True, reason="ColumnParallelLinear / RowParallelLinear weight_loader "
-                                         "(core_runner/layers/linear.py) do not check the checkpoint's size along the "
-                                         "split dim: a larger tensor is cut silently at tp > 1")),
-    # too few columns for the rank's narrow: refused by the slice, named the same way
+                                      r"\(shape \(18, 24\)\): checkpoint tensor has shape \(34, 24\), expected "
+                                      r"\(36, 24\)"),
+    ("col.weight", (COL + 2, HIDDEN), r"'col\.weight' of shape \(38, 24\) does not fit parameter 'col\.weight' "
+                                      r"\(shape \(18, 24\)\): checkpoint tensor has shape \(38, 24\), expected "
+                                      r"\(36, 24\)"),
     ("o_proj.weight", (HIDDEN, 20), r"'o_proj\.weight' of shape \(24, 20\) does not fit parameter 'o_proj\.weight' "
-                                    r"\(shape \(24, 12\)\): narrow\(dim=1, start=12, length=12\) does not fit shape"),
+                                    r"\(shape \(24, 12\)\): checkpoint tensor has shape \(24, 20\), expected "
+                                    r"\(24, 24\)"),
     ("k_proj.weight", (3 * HEAD_SIZE, HIDDEN), r"'k_proj\.weight' of shape \(18, 24\) does not fit parameter "
                                                r"'qkv_proj\.weight' part 'k'"),
 ])
@@ -457,11 +456,11 @@ def test_only_loaders_that_accept_slices_get_them(tmp_path):
     load_weights(model, write(tmp_path / "ckpt", tensors))
     assert seen == {"plain": torch.Tensor, "flagged": CheckpointSlice}
     assert torch.equal(model.plain, tensors["plain"]) and torch.equal(model.flagged, tensors["flagged"][2:])
-    assert torch.equal(model.moe.w13.weight, tensors["moe.w13.weight"])  # fused_moe's loader still gets a tensor
+    assert torch.equal(model.moe.w13.weight, tensors["moe.w13.weight"])  # a stacked tensor, through a slice
     with as_rank(0, 2):
         tiny = Tiny(2)
     assert accepts_slices(tiny.o_proj.weight.weight_loader) and accepts_slices(tiny.embed_tokens.weight.weight_loader)
-    assert not accepts_slices(model.moe.w13.weight.weight_loader) and not accepts_slices(model.plain.weight_loader)
+    assert accepts_slices(model.moe.w13.weight.weight_loader) and not accepts_slices(model.plain.weight_loader)
 
 
 def test_transform_sees_whole_tensors_and_ranks_keep_their_slices(tmp_path):

@@ -181,7 +181,7 @@ def test_progress_bar_by_default(llm, capsys):
     assert "Processed prompts" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("field,value", [("tensor_parallel_size", 2), ("pipeline_parallel_size", 4),
+@pytest.mark.parametrize("field,value", [("tensor_parallel_size", 0), ("pipeline_parallel_size", 4),
                                          ("trust_remote_code", True)])
 def test_vllm_engine_arguments(field, value):
     base = EngineConfig(model="x", device="cpu", tensor_parallel_size=1, pipeline_parallel_size=1,

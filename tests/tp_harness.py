@@ -4,12 +4,14 @@
 module-level function (it is pickled for ``spawn``); it runs after the rank has joined
 the group and installed it as the tensor-parallel group, so layers built inside see
 ``get_tensor_model_parallel_world_size() == world_size``. A rank that raises makes
-``run_ranks`` raise with that rank's traceback. Results travel through a queue: return
-CPU tensors or plain data.
+``run_ranks`` raise with that rank's traceback. Results travel through a queue as plain
+pickled bytes (a tensor put on a multiprocessing queue as is would travel as a
+shared-memory handle that dies with the rank's process): return CPU tensors or plain data.
 """
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import sys
 import traceback
@@ -33,7 +35,7 @@ def _rank_main(rank, world_size, port, fn, args, queue, expert_parallel, sys_pat
     try:
         init_tensor_parallel(world_size, rank, rank, "gloo", f"tcp://127.0.0.1:{port}",
                              expert_parallel=expert_parallel, timeout_s=60)
-        queue.put((rank, True, fn(*args)))
+        queue.put((rank, True, pickle.dumps(fn(*args))))
     except BaseException:
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -61,7 +63,7 @@ def run_ranks(fn, world_size: int, *args, expert_parallel: bool = False, timeout
     try:
         for _ in range(world_size):
             rank, ok, value = queue.get(timeout=timeout_s)
-            (results.__setitem__(rank, value) if ok else errors.append(f"rank {rank}:\n{value}"))
+            (results.__setitem__(rank, pickle.loads(value)) if ok else errors.append(f"rank {rank}:\n{value}"))
     finally:
         for p in procs:
             p.join(timeout=10)

@@ -73,6 +73,13 @@ class Linear(nn.Module):
 ReplicatedLinear = Linear
 
 
+def _check_whole(loaded, want: tuple[int, ...]) -> None:
+    """A split layer's checkpoint tensor must have the whole layer's shape: a rank that
+    only narrowed it would silently load part of a larger (wrong) tensor."""
+    if tuple(loaded.shape) != tuple(want):
+        raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, expected {tuple(want)}")
+
+
 class ColumnParallelLinear(Linear):
     """Output rows split across ranks: rank r holds rows [r * out/tp, (r + 1) * out/tp) of
     the weight (and bias) and returns its part of the output, [..., out/tp]; with
@@ -89,6 +96,7 @@ class ColumnParallelLinear(Linear):
         if shard_id is not None:
             raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
         n = param.shape[0]
+        _check_whole(loaded, (n * self.tp_size, *param.shape[1:]))
         copy_into(param.data, loaded.narrow(0, self.tp_rank * n, n) if self.tp_size > 1 else loaded,
                   f"checkpoint tensor (rank {self.tp_rank}'s rows)")
 
@@ -120,6 +128,7 @@ class RowParallelLinear(Linear):
         if param.dim() == 1 or self.tp_size == 1:  # the bias is whole on every rank
             return copy_into(param.data, loaded)
         n = param.shape[1]
+        _check_whole(loaded, (param.shape[0], n * self.tp_size))
         copy_into(param.data, loaded.narrow(1, self.tp_rank * n, n), f"checkpoint tensor (rank {self.tp_rank}'s "
                   "columns)")
 
@@ -171,9 +180,10 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self._load_part(param, loaded, self.shard_index(shard_id))
 
     def _load_part(self, param: nn.Parameter, loaded, i: int) -> None:
-        if loaded.shape[0] != self.output_sizes[i]:
+        want = (self.output_sizes[i], *param.shape[1:])
+        if tuple(loaded.shape) != want:
             raise ValueError(f"shard {self.part_ids()[i]!r}: checkpoint tensor has shape {tuple(loaded.shape)}, "
-                             f"expected {self.output_sizes[i]} rows")
+                             f"expected {want}")
         first, rows = self.part_rows(i)
         copy_into(param.data.narrow(0, self.offsets[i], self.local_sizes[i]), loaded.narrow(0, first, rows),
                   f"shard {self.part_ids()[i]!r}")
@@ -197,7 +207,10 @@ class QKVParallelLinear(MergedColumnParallelLinear):
         self.head_size, self.total_num_heads, self.total_num_kv_heads = head_size, total_num_heads, kv
         self.num_heads = divide(total_num_heads, tp, "num_attention_heads")
         if tp >= kv:
-            divide(tp, kv, "tensor_parallel_size over num_key_value_heads (tp > kv heads replicates them)")
+            if tp % kv:
+                raise ValueError(f"tensor_parallel_size={tp} is more than num_key_value_heads={kv} and not divisible "
+                                 "by it (each KV head is replicated over tensor_parallel_size / num_key_value_heads "
+                                 "ranks); pick a tensor_parallel_size that divides or is a multiple of it")
             self.num_kv_heads, self.kv_head_start = 1, rank * kv // tp
         else:
             self.num_kv_heads = divide(kv, tp, "num_key_value_heads")

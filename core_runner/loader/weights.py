@@ -45,9 +45,9 @@ Transform = Callable[[str, torch.Tensor], torch.Tensor]
 # the function attribute by which a weight loader accepts (True) or refuses (False) lazy slices
 ACCEPTS_SLICES = "accepts_checkpoint_slices"
 # modules whose weight loaders touch what they are given only through .shape, .narrow,
-# copy_into and materialize (default_weight_loader, which mamba2 and the plugins reuse,
-# lives in linear); fused_moe's loader calls .to() on it, so it still gets tensors
-SLICE_AWARE_MODULES = ("core_runner.layers.linear", "core_runner.layers.embedding")
+# copy_into and materialize (default_weight_loader, which the plugins reuse, lives in linear)
+SLICE_AWARE_MODULES = ("core_runner.layers.linear", "core_runner.layers.embedding", "core_runner.layers.fused_moe",
+                       "core_runner.layers.mamba2")
 
 
 def accepts_slices(loader: Any) -> bool:

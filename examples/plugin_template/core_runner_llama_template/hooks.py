@@ -24,6 +24,9 @@ def register_models(registry):
             "async_scheduling": "supported",
             "triton_attention": "supported",
             "prefix_caching": "unsupported",
+            # built from the column-/row-parallel layers (model.py), so it splits across ranks
+            "tensor_parallel": "supported",
+            "expert_parallel": "unsupported",  # dense: no MoE layers
         },
         reference="transformers:LlamaForCausalLM",
         examples=[

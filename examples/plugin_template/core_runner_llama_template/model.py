@@ -4,6 +4,12 @@ Parameter names follow the Hugging Face checkpoint; ``packed_modules_mapping`` t
 the loader which checkpoint tensors go into the fused q/k/v and gate/up matrices. The
 attention layer gets its paged KV cache from the runner and its metadata from the
 forward context, so nothing here knows about blocks, rows or batches.
+
+Tensor parallelism comes from the layer classes: q/k/v and gate/up are column-parallel
+(each rank computes its own heads / intermediate features), o_proj and down_proj are
+row-parallel (they all-reduce back to the full hidden size), and the embedding and LM
+head are split over the vocabulary. Everything between (norms, residuals, RoPE) runs
+whole on every rank. With one rank the same classes hold whole weights.
 """
 from __future__ import annotations
 
@@ -14,13 +20,13 @@ from torch import nn
 
 from core_runner.layers import (
     Attention,
-    Linear,
-    LMHead,
-    MergedLinear,
-    QKVLinear,
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
     RMSNorm,
+    RowParallelLinear,
     SiluAndMul,
-    VocabEmbedding,
+    VocabParallelEmbedding,
     get_rope,
 )
 
@@ -36,12 +42,14 @@ class LlamaAttention(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = config.num_key_value_heads or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // total_heads
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVLinear(hidden, self.head_dim, self.num_heads, self.num_kv_heads, bias=bias)
-        self.o_proj = Linear(self.num_heads * self.head_dim, hidden, bias=bias)
+        self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, total_heads, total_kv_heads, bias=bias)
+        # this rank's share of the heads (all of them with one rank)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, bias=bias)
         # any rope type transformers knows (Llama 3.x: 'llama3'), from the config
         self.rotary_emb = get_rope(config, self.head_dim)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
@@ -61,8 +69,8 @@ class LlamaMLP(nn.Module):
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
         inter = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, [inter, inter], bias=bias)
-        self.down_proj = Linear(inter, config.hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias=bias)
+        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=bias)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +100,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -117,7 +125,8 @@ class LlamaForCausalLM(nn.Module):
         check_supported(config)
         self.model = LlamaModel(config)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+                                      self.model.embed_tokens if tied else None)
         if tied:  # the shared matrix may also be stored under lm_head
             self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
 

@@ -6,26 +6,56 @@ Parameter names follow transformers' ``BertModel`` (``embeddings.word_embeddings
 projection. The pooler (``pooler.dense``) is not used by mean / CLS / last pooling of the
 final hidden states and its weights are skipped; so are the ``bert.`` prefix of
 task-headed checkpoints and the ``embeddings.position_ids`` buffer.
+
+Tensor parallelism (vLLM's split): each rank keeps 1/tp of the attention heads
+(``QKVParallelLinear``) and of the intermediate dimension (``ColumnParallelLinear``); the
+two dense projections back to the hidden size are ``RowParallelLinear``, whose all-reduce
+leaves the same full hidden states on every rank, so LayerNorms, residuals and pooling
+run whole on each rank. Word embeddings are split over the vocabulary.
 """
 from __future__ import annotations
 
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from core_runner.layers import Attention, Linear, QKVLinear, VocabEmbedding
+from core_runner.layers import (
+    Attention,
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    default_weight_loader,
+)
 from core_runner.layers.gelu import gelu_from_name
 from core_runner.layers.layernorm import LayerNorm
+
+
+class ReplicatedEmbedding(nn.Module):
+    """A lookup table held whole on every rank: ``forward(ids [T]) -> [T, embedding_dim]``.
+
+    For BERT's position (512 rows) and token-type (2 rows) tables: splitting them over the
+    rows would save at most a few MB per rank but cost an all-reduce per table per step,
+    and a whole table also lets the single-segment path read row 0 directly."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim), requires_grad=False)
+        self.weight.weight_loader = default_weight_loader
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids.long(), self.weight)
 
 
 class BertEmbeddings(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         h = config.hidden_size
-        self.word_embeddings = VocabEmbedding(config.vocab_size, h)
-        self.position_embeddings = VocabEmbedding(config.max_position_embeddings, h)
-        self.token_type_embeddings = VocabEmbedding(config.type_vocab_size, h)
+        self.word_embeddings = VocabParallelEmbedding(config.vocab_size, h)
+        self.position_embeddings = ReplicatedEmbedding(config.max_position_embeddings, h)
+        self.token_type_embeddings = ReplicatedEmbedding(config.type_vocab_size, h)
         self.LayerNorm = LayerNorm(h, config.layer_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -45,8 +75,10 @@ class BertSelfAttention(nn.Module):
         if h % heads:
             raise ValueError(f"hidden_size={h} must be a multiple of num_attention_heads={heads}")
         self.head_dim = h // heads
-        self.qkv_proj = QKVLinear(h, self.head_dim, heads, heads, bias=True)
-        self.attn = Attention(heads, heads, self.head_dim, self.head_dim**-0.5)
+        self.qkv_proj = QKVParallelLinear(h, self.head_dim, heads, heads, bias=True)
+        # this rank's heads: q, k and v have as many (no grouped-query attention in BERT)
+        local = self.qkv_proj.num_heads
+        self.attn = Attention(local, local, self.head_dim, self.head_dim**-0.5)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
@@ -54,11 +86,13 @@ class BertSelfAttention(nn.Module):
 
 
 class BertDenseNorm(nn.Module):
-    """dense -> (+ residual) -> LayerNorm: ``attention.output`` and ``output`` of a layer."""
+    """dense -> (+ residual) -> LayerNorm: ``attention.output`` and ``output`` of a layer.
+    ``dense`` takes the rank's slice of heads / intermediate features and all-reduces, so
+    the residual add and LayerNorm see full hidden states."""
 
     def __init__(self, in_features: int, config: Any) -> None:
         super().__init__()
-        self.dense = Linear(in_features, config.hidden_size, bias=True)
+        self.dense = RowParallelLinear(in_features, config.hidden_size, bias=True)
         self.LayerNorm = LayerNorm(config.hidden_size, config.layer_norm_eps)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -78,7 +112,8 @@ class BertAttention(nn.Module):
 class BertIntermediate(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.intermediate_size, bias=True)
+        # GELU is elementwise, so it runs on the rank's slice of features as it is
+        self.dense = ColumnParallelLinear(config.hidden_size, config.intermediate_size, bias=True)
         self.act = gelu_from_name(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,10 @@ BERT_CAPABILITIES = {
     "async_scheduling": "supported",
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
+    # heads and intermediate features split across ranks; pooling runs on every rank over
+    # the same all-reduced hidden states
+    "tensor_parallel": "supported",
+    "expert_parallel": "unsupported",  # no MoE layers
 }
 
 QWEN3_EMBED_CAPABILITIES = {
@@ -20,6 +24,9 @@ QWEN3_EMBED_CAPABILITIES = {
     "async_scheduling": "supported",
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
+    # the decoder stack is core-runner-qwen3's, split across ranks by its layers
+    "tensor_parallel": "supported",
+    "expert_parallel": "unsupported",  # dense: no MoE layers
 }
 
 TINY_BERT = dict(
