@@ -9,6 +9,10 @@ backend (``forward_mla``) and maps the latent output through the value half (W_U
 
 Its cache is a PagedCacheSpec(num_parts=1, num_heads=1, head_size=L + R): the memory per
 token is (kv_lora_rank + qk_rope_head_dim) x dtype size, not per head.
+
+Under tensor parallelism ``num_heads`` is the rank's head count and kv_b_proj's weight
+the rank's heads' rows; the latent is shared by all heads, so every rank writes and
+reads the same full latent cache.
 """
 from __future__ import annotations
 

@@ -13,6 +13,10 @@ CAPABILITIES = {
     "triton_attention": "supported",
     # DeepSeek-V3's own block-fp8 checkpoints: weights dequantized at load
     "quantization:fp8": "supported",
+    # MLA heads, the dense / shared MLPs and the vocabulary split across ranks (the latent
+    # cache replicated); the routed experts split or distributed by FusedMoE
+    "tensor_parallel": "supported",
+    "expert_parallel": "supported",
 }
 
 TINY = dict(

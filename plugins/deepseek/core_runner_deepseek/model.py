@@ -17,6 +17,13 @@ MLP: dense for the first ``first_k_dense_replace`` layers, then routed experts
 (``FusedMoE``) plus shared experts. Routing: V2 softmax greedy / group-limited greedy
 times routed_scaling_factor; V3 sigmoid + e_score_correction_bias, groups by top-2 sums,
 optional renormalisation, times routed_scaling_factor.
+
+Tensor parallelism (vLLM's split): attention heads, the dense and shared MLPs'
+intermediate dimension and the vocabulary are split across ranks; the MLA latent
+projection, its cache and the router are replicated; the routed experts are split as
+FusedMoE splits them (1/tp of each expert's intermediate dimension, or whole experts per
+rank with expert parallelism), and one all-reduce per MoE layer sums the routed and
+shared experts' partial outputs. With one rank every layer is whole.
 """
 from __future__ import annotations
 
@@ -27,13 +34,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from core_runner.layers import (
-    Linear,
-    LMHead,
-    MergedLinear,
+    ColumnParallelLinear,
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    ReplicatedLinear,
     RMSNorm,
+    RowParallelLinear,
     SiluAndMul,
-    VocabEmbedding,
+    VocabParallelEmbedding,
+    divide,
     get_rope,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
     yarn_softmax_scale,
 )
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
@@ -43,26 +55,35 @@ from core_runner.layers.moe_routing import grouped_topk_v2, grouped_topk_v3
 
 
 class DeepseekMLA(nn.Module):
+    """MLA with its heads split across tensor-parallel ranks: the query projection (q_proj,
+    or q_b_proj after the replicated q_a_proj and its norm), kv_b_proj and o_proj's input
+    are split by heads; kv_a_proj_with_mqa is replicated because the latent and the rope
+    key are shared by all heads, so every rank caches the same full latent."""
+
     def __init__(self, config: Any, interleaved_rope: bool) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
+        self.total_num_heads = config.num_attention_heads
+        self.num_heads = divide(self.total_num_heads, get_tensor_model_parallel_world_size(), "num_attention_heads")
         self.q_lora_rank = config.q_lora_rank
         self.kv_lora_rank = config.kv_lora_rank
         self.nope, self.rope, self.v_dim = config.qk_nope_head_dim, config.qk_rope_head_dim, config.v_head_dim
         qk_head_dim = self.nope + self.rope
         bias = bool(getattr(config, "attention_bias", False))
+        # checkpoint rows are head-major ([head 0 | head 1 | ...]), so the contiguous
+        # row blocks of a column-parallel layer are whole heads
         if self.q_lora_rank is None:
-            self.q_proj = Linear(h, self.num_heads * qk_head_dim)
+            self.q_proj = ColumnParallelLinear(h, self.total_num_heads * qk_head_dim)
         else:
-            self.q_a_proj = Linear(h, self.q_lora_rank, bias=bias)
+            self.q_a_proj = ReplicatedLinear(h, self.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, 1e-6)
-            self.q_b_proj = Linear(self.q_lora_rank, self.num_heads * qk_head_dim)
-        self.kv_a_proj_with_mqa = Linear(h, self.kv_lora_rank + self.rope, bias=bias)
+            self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, self.total_num_heads * qk_head_dim)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(h, self.kv_lora_rank + self.rope, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)
-        self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_dim))
-        self.o_proj = Linear(self.num_heads * self.v_dim, h, bias=bias)
+        self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, self.total_num_heads * (self.nope + self.v_dim))
+        self.o_proj = RowParallelLinear(self.total_num_heads * self.v_dim, h, bias=bias)
         self.rotary_emb = get_rope(config, self.rope, rotary_dim=self.rope, is_neox_style=not interleaved_rope)
+        # the scale depends on the head dimension only, never on how many heads a rank holds
         self.attn = MLAAttention(self.num_heads, self.kv_lora_rank, self.nope, self.rope, self.v_dim,
                                  yarn_softmax_scale(config, qk_head_dim))
 
@@ -80,10 +101,14 @@ class DeepseekMLA(nn.Module):
 
 
 class DeepseekMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    """SiLU-gated MLP, its intermediate dimension split across ranks; down_proj sums the
+    ranks' partial outputs, so every rank returns the full [T, hidden] (without
+    ``reduce_results``, this rank's partial sum)."""
+
+    def __init__(self, hidden: int, intermediate: int, reduce_results: bool = True) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden, [intermediate, intermediate])
-        self.down_proj = Linear(intermediate, hidden)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate])
+        self.down_proj = RowParallelLinear(intermediate, hidden, reduce_results=reduce_results)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,10 +149,12 @@ class DeepseekMoE(nn.Module):
         else:
             self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", True))
         self.gate = DeepseekRouter(self.num_experts, config.hidden_size, with_bias=version == 3)
-        self.experts = FusedMoE(self.num_experts, config.hidden_size, config.moe_intermediate_size)
+        # both return this rank's partial sum; forward reduces them together, once
+        self.experts = FusedMoE(self.num_experts, config.hidden_size, config.moe_intermediate_size,
+                                reduce_results=False)
         n_shared = getattr(config, "n_shared_experts", None) or 0
-        self.shared_experts = (DeepseekMLP(config.hidden_size, config.moe_intermediate_size * n_shared)
-                               if n_shared else None)
+        self.shared_experts = (DeepseekMLP(config.hidden_size, config.moe_intermediate_size * n_shared,
+                                           reduce_results=False) if n_shared else None)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.gate(x)
@@ -137,11 +164,13 @@ class DeepseekMoE(nn.Module):
                                self.topk_group, self.norm_topk_prob, self.scaling)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the router is replicated, so every rank picks the same experts (which expert
+        # parallelism needs); the routed and shared partial sums share one all-reduce
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out
+        return tensor_model_parallel_all_reduce(out)
 
 
 class DeepseekDecoderLayer(nn.Module):
@@ -170,7 +199,7 @@ class DeepseekDecoderLayer(nn.Module):
 class DeepseekModel(nn.Module):
     def __init__(self, config: Any, version: int, interleaved_rope: bool) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DeepseekDecoderLayer(config, i, version, interleaved_rope)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -196,7 +225,7 @@ class _DeepseekForCausalLM(nn.Module):
         interleaved = True if self.version == 2 else bool(getattr(config, "rope_interleave", True))
         self.model = DeepseekModel(config, self.version, interleaved)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = LMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
         # per-expert checkpoint tensors first (first match wins), then the dense MLPs' gate/up
         self.packed_modules_mapping = {
             **expert_packed_mapping(config.n_routed_experts),
