@@ -107,9 +107,10 @@ class EngineConfig:
     ``attention_backend`` picks only the attention backend, by its registered name
     (``core_runner.attention.registry``: "torch", "triton", ...); None means the one
     matching ``kernels``. CUDA graphs need kernels="triton" and a graph-capable backend.
-    ``enable_prefix_caching=True`` asks for a prefix cache: the oracle turns it off (with a
-    named reason) for a family that declares prefix_caching unsupported, and rejects it
-    otherwise, since the engine does not implement one yet.
+    ``enable_prefix_caching``: None (the default) turns the prefix cache on for a family
+    that declares prefix_caching supported, as vLLM does; True asks for it (a named
+    downgrade, or an error in strict mode, for a family that does not support it); False
+    turns it off.
     ``model`` (and ``tokenizer``) is a local checkpoint directory or a Hugging Face model id,
     fetched into the hub cache (only the cache with ``HF_HUB_OFFLINE=1``); ``revision`` (a
     branch, tag or commit) picks the id's version, ``tokenizer_revision`` the tokenizer's
@@ -145,7 +146,7 @@ class EngineConfig:
     async_scheduling: bool | None = None
     attention_backend: str | None = None
     kernels: str | None = None
-    enable_prefix_caching: bool = False
+    enable_prefix_caching: bool | None = None
     revision: str | None = None
     tokenizer_revision: str | None = None
     generation_config: str = "auto"
@@ -207,8 +208,9 @@ class EngineConfig:
             raise bad("attention_backend", self.attention_backend, "expected None (auto) or a backend name")
         if self.kernels not in _KERNELS:
             raise bad("kernels", self.kernels, "expected None (auto), 'torch' or 'triton'")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise bad("enable_prefix_caching", self.enable_prefix_caching, "expected True or False")
+        if self.enable_prefix_caching is not None and not isinstance(self.enable_prefix_caching, bool):
+            raise bad("enable_prefix_caching", self.enable_prefix_caching,
+                      "expected None (on where the family supports it), True or False")
         for name in ("revision", "tokenizer_revision"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, str) or not v.strip()):

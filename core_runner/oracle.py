@@ -38,6 +38,7 @@ class ExecutionPlan:
     async_scheduling: bool
     chunked_prefill: bool
     downgrades: tuple[str, ...] = field(default=())
+    prefix_caching: bool = False
 
 
 def check_quantization(hf_config: Any, reg: Registration) -> None:
@@ -82,10 +83,10 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
         downgrades.append(line)
 
     check_parallel(config, reg)
-    if config.enable_prefix_caching:
-        prefix = reg.capability("prefix_caching")
-        if prefix.supported:
-            raise UnsupportedError("prefix caching is not implemented by the engine yet")
+    # None (the default) means on for a family that supports it, as vLLM does
+    prefix = reg.capability("prefix_caching")
+    prefix_caching = config.enable_prefix_caching is not False and prefix.supported
+    if config.enable_prefix_caching and not prefix.supported:
         downgrade("prefix caching", f"{reg.architecture} declares prefix_caching {prefix.state}"
                   f"{': ' + prefix.reason if prefix.reason else ''}")
 
@@ -138,7 +139,8 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
             downgrade("async scheduling", f"{reg.architecture} declares async_scheduling {cap.state}")
     else:
         async_sched = bool(config.async_scheduling)
-    return ExecutionPlan(attention, kernels, graphs, async_sched, chunk.supported, tuple(downgrades))
+    return ExecutionPlan(attention, kernels, graphs, async_sched, chunk.supported, tuple(downgrades),
+                         prefix_caching=prefix_caching)
 
 
 def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on_cuda: bool, interpret: bool,

@@ -110,7 +110,7 @@ class InputProcessor:
         return Request(
             req_id=req_id if req_id is not None else self.next_request_id(), prompt_token_ids=ids,
             sampling_params=params, seed=seed, eos_token_ids=self.eos_token_ids, pooling_params=pooling_params,
-            prompt=prompt_text(prompt),
+            prompt=prompt_text(prompt), prefix_cacheable=prefix_cacheable(params, pooling_params),
         )
 
     # ---- prompts ------------------------------------------------------------------
@@ -212,3 +212,14 @@ class InputProcessor:
                 "shorten it or pass PoolingParams(truncate_prompt_tokens=...) for a text prompt"
             )
         return ids
+
+
+def prefix_cacheable(params: SamplingParams | None, pooling: PoolingParams | None) -> bool:
+    """Whether a request may start from cached blocks: not when it asks for prompt
+    logprobs (the cached positions' logits are never computed) nor when its pooling reads
+    hidden states of every prompt token (mean) or of the first (cls); last-token pooling
+    and generation need only the positions they compute. Any request still fills the
+    cache for others."""
+    if params is not None and params.prompt_logprobs is not None:
+        return False
+    return pooling is None or pooling.pooling_type == "last"

@@ -57,6 +57,10 @@ class LLM:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prefix block (vLLM's name); True when prefix caching is on."""
+        return self.engine.reset_prefix_cache()
+
     def get_default_sampling_params(self) -> SamplingParams:
         """A new SamplingParams holding the defaults ``generate`` uses when given none (as
         vLLM's): its own defaults overridden by the checkpoint's generation_config.json

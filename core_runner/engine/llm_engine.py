@@ -134,7 +134,7 @@ class LLMEngine:
         scheduler = Scheduler(
             max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
             max_model_len=config.max_model_len, block_size=config.block_size, num_blocks=self.num_blocks,
-            chunked_prefill=self.plan.chunked_prefill,
+            chunked_prefill=self.plan.chunked_prefill, enable_prefix_caching=self.plan.prefix_caching,
         )
         self.core = EngineCore(scheduler, self.executor, self.plan.async_scheduling)
         self.tokenizer = load_tokenizer(resolve_tokenizer(config, self.model_path))
@@ -154,6 +154,13 @@ class LLMEngine:
         self.debug = EngineDebug(self)
         logger.info("engine ready: %s via plugin %r, %d KV blocks of %d tokens, plan %s",
                     self.architecture, self.registration.plugin, self.num_blocks, config.block_size, self.plan)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``reset_prefix_cache``): later requests compute
+        their prompts again; running requests keep their blocks. True when caching is on."""
+        with self.lock:
+            self.scheduler.reset_prefix_cache()
+            return self.plan.prefix_caching
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers and leave their group (nothing to do for one rank);

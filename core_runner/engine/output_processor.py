@@ -40,6 +40,7 @@ class OutputProcessor:
                 request_id=req.req_id, outputs=None if req.pooled is None else EmbeddingOutput(req.pooled),
                 prompt_token_ids=req.prompt_token_ids, finished=req.is_finished, prompt=req.prompt,
                 finish_reason=req.finish_reason, num_preemptions=req.num_preemptions,
+                num_cached_tokens=req.num_cached_tokens,
             )
         sp = req.sampling_params
         text = ""
@@ -68,7 +69,7 @@ class OutputProcessor:
             request_id=req.req_id, prompt=req.prompt, prompt_token_ids=req.prompt_token_ids,
             prompt_logprobs=prompt_logprobs, outputs=[completion], finished=req.is_finished,
             seed=req.seed, num_preemptions=req.num_preemptions, first_token_time=req.first_token_time,
-            finish_time=req.finish_time,
+            finish_time=req.finish_time, num_cached_tokens=req.num_cached_tokens,
         )
 
     def _records(self, entry: dict[int, float], chosen: int, chosen_rank: int | None) -> dict[int, Logprob]:

@@ -127,6 +127,7 @@ class EmbeddingRequestOutput:
     prompt: str | None = None
     finish_reason: str | None = None
     num_preemptions: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def req_id(self) -> str:

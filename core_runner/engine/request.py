@@ -46,6 +46,13 @@ class Request:
     prompt_logprobs: list[dict[int, float] | None] | None = None
     # the prompt's text when it was given as text (RequestOutput.prompt)
     prompt: str | None = None
+    # prefix caching: whether the request may take cached blocks (see Scheduler), the
+    # hashes of its full blocks, how many of its blocks are registered in the cache, and
+    # how many prompt tokens its last admission found cached
+    prefix_cacheable: bool = True
+    block_hashes: list = field(default_factory=list)
+    num_cached_blocks: int = 0
+    num_cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         sp = self.sampling_params

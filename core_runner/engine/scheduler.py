@@ -10,6 +10,17 @@ The scheduler deals in token counts, never token values, so it can run one step 
 of the device (async scheduling): a request whose sample is in flight counts that token
 as pending, and its next decode reads the token on the device. Values come back in
 ``update_from_output``, which applies the stop rules.
+
+Prefix caching (``enable_prefix_caching``): a request admitted with nothing computed
+(new, or resumed after a preemption) first takes the cached blocks of the longest prefix
+of its full blocks (``BlockPool.lookup``), at most up to the block before its last known
+token, which is always computed so that a token can be sampled, and never into a block
+that step writes. Its block hashes (``block_hash``, chained) are registered as its
+blocks fill: a block's KV is written by the step that computes its last token, and steps
+run in order, so a block scheduled now may be shared by any later step; output tokens'
+blocks are registered once the sampled ids are known (they are pending under async
+scheduling). Requests that may not take cached blocks (``Request.prefix_cacheable``)
+still register theirs. A failed step's requests free their blocks uncached.
 """
 from __future__ import annotations
 
@@ -17,6 +28,7 @@ import logging
 import time
 from collections import deque
 
+from core_runner.engine.block_hash import extend_hashes
 from core_runner.engine.block_pool import BlockPool
 from core_runner.engine.request import Request, RequestStatus
 from core_runner.runner.output import ModelRunnerOutput
@@ -32,14 +44,19 @@ def cdiv(a: int, b: int) -> int:
 class Scheduler:
     def __init__(
         self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
-        block_size: int, num_blocks: int, chunked_prefill: bool = True,
+        block_size: int, num_blocks: int, chunked_prefill: bool = True, enable_prefix_caching: bool = False,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.chunked_prefill = chunked_prefill
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.caching = enable_prefix_caching
+        # tokens looked up in the prefix cache at admission, and of them the tokens found
+        # (vLLM's prefix_cache_queries / prefix_cache_hits)
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -64,7 +81,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def _finish(self, req: Request, reason: str) -> None:
+    def _finish(self, req: Request, reason: str, uncache: bool = False) -> None:
         if req.status == RequestStatus.RUNNING:
             self.running.remove(req)
             self._finished_ids.add(req.req_id)
@@ -73,7 +90,7 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.finish_time = time.perf_counter()
-        self.pool.free(req.block_ids)
+        self.pool.free(req.block_ids, uncache=uncache)
         req.block_ids = []
         del self.requests[req.req_id]
 
@@ -85,7 +102,7 @@ class Scheduler:
             req = self.requests.get(req_id)
             if req is not None:
                 req.num_pending = 0
-                self._finish(req, "error")
+                self._finish(req, "error", uncache=True)
                 failed.append(req)
         return failed
 
@@ -94,6 +111,7 @@ class Scheduler:
         self.pool.free(req.block_ids)
         req.block_ids = []
         req.num_computed_tokens = 0
+        req.num_cached_blocks = 0
         req.status = RequestStatus.PREEMPTED
         req.num_preemptions += 1
         self.num_preemptions += 1
@@ -136,6 +154,49 @@ class Scheduler:
         if req.num_computed_tokens == num_tokens:
             req.num_pending += 1
             out.sample_req_ids.add(rid)
+        if self.caching:
+            self._cache_blocks(req)
+
+    def _cache_blocks(self, req: Request) -> None:
+        """Register the request's blocks that are full of computed KV and known tokens."""
+        known = len(req.prompt_token_ids) + len(req.output_token_ids)
+        full = min(req.num_computed_tokens, known) // self.block_size
+        if full <= req.num_cached_blocks:
+            return
+        tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
+        hashes = extend_hashes(req.block_hashes, tokens, self.block_size)
+        for i in range(req.num_cached_blocks, full):
+            self.pool.cache(req.block_ids[i], hashes[i])
+        req.num_cached_blocks = full
+
+    def _take_cached(self, req: Request) -> None:
+        """A request admitted with nothing computed takes its cached prefix (see the module
+        docstring); its num_computed_tokens starts after it."""
+        num_tokens = req.num_tokens
+        self.prefix_cache_queries += num_tokens
+        if not req.prefix_cacheable:
+            return
+        hashes = extend_hashes(req.block_hashes, req.all_token_ids, self.block_size)
+        hit = self.pool.lookup(hashes[: (num_tokens - 1) // self.block_size])
+        if hit:
+            self.pool.touch(hit)
+            req.block_ids = hit
+            req.num_computed_tokens = req.num_cached_blocks = len(hit)
+            req.num_computed_tokens *= self.block_size
+        if not req.num_preemptions:  # RequestOutput reports the first admission's hit
+            req.num_cached_tokens = req.num_computed_tokens
+        self.prefix_cache_hits += req.num_computed_tokens
+
+    def _untake_cached(self, req: Request) -> None:
+        """Give back the cached blocks of a request that could not be admitted after all."""
+        self.prefix_cache_queries -= req.num_tokens
+        self.prefix_cache_hits -= req.num_computed_tokens
+        self.pool.free(req.block_ids)
+        req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached block (running requests keep theirs); returns how many."""
+        return self.pool.reset()
 
     # ---- one step -----------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -168,10 +229,13 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_pending:
                 break  # its last token is still in flight: re-add once it is known
-            n = min(req.num_tokens, budget)
-            if n < req.num_tokens and not self.chunked_prefill:
-                break
-            if self._grow(req, n) is None:
+            if self.caching and req.num_computed_tokens == 0:
+                self._take_cached(req)
+            left = req.num_tokens - req.num_computed_tokens
+            n = min(left, budget)
+            if (n < left and not self.chunked_prefill) or self._grow(req, n) is None:
+                if self.caching and req.block_ids:
+                    self._untake_cached(req)
                 break
             self.waiting.popleft()
             req.status = RequestStatus.RUNNING
@@ -181,6 +245,7 @@ class Scheduler:
                 sampling_params=req.sampling_params, seed=req.seed, block_ids=list(req.block_ids),
                 pooling_params=req.pooling_params, eos_token_ids=req.eos_token_ids,
                 prompt_logprobs_start=len(req.prompt_logprobs) if req.prompt_logprobs is not None else 1,
+                num_computed_tokens=req.num_computed_tokens,
             ))
             self._commit(req, n, req.num_tokens, out)
             budget -= n
@@ -226,6 +291,8 @@ class Scheduler:
             if reason is not None:
                 self._finish(req, reason)
                 finished.append(req)
+            elif self.caching and req.status == RequestStatus.RUNNING:
+                self._cache_blocks(req)
         return finished
 
     def _stop_reason(self, req: Request, token: int) -> str | None:

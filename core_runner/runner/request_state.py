@@ -52,7 +52,7 @@ class RequestState:
         self.req_id_to_row[req.req_id] = row
         self.token_ids.stage_write(row, 0, req.token_ids)
         self.num_tokens.stage_scalar(row, len(req.token_ids))
-        self.num_computed.stage_scalar(row, 0)
+        self.num_computed.stage_scalar(row, req.num_computed_tokens)
         self.num_prompt_tokens.stage_scalar(row, req.num_prompt_tokens)
         self.num_blocks_cpu[row] = 0
         self.append_blocks(row, req.block_ids)

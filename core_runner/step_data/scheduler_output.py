@@ -13,8 +13,9 @@ class NewRequest:
     ``token_ids`` holds every known token (prompt, then anything generated before a
     preemption); ``num_prompt_tokens`` is the length of the original prompt.
     ``eos_token_ids`` are masked (with ``stop_token_ids``) while fewer than min_tokens
-    tokens are out. ``prompt_logprobs_start`` is the first prompt position whose
-    logprob the engine does not have yet (a resumed request skips the others).
+    tokens are out. ``num_computed_tokens`` > 0 when the prefix cache supplied blocks.
+    ``prompt_logprobs_start`` is the first prompt position whose logprob the engine does
+    not have yet (a resumed request skips the others).
     """
 
     req_id: str
@@ -26,6 +27,9 @@ class NewRequest:
     pooling_params: object | None = None
     eos_token_ids: tuple[int, ...] = ()
     prompt_logprobs_start: int = 1
+    # tokens whose KV is already in ``block_ids`` (a prefix-cache hit): the first step
+    # computes from here
+    num_computed_tokens: int = 0
 
 
 @dataclass(slots=True)

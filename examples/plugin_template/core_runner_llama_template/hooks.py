@@ -23,7 +23,7 @@ def register_models(registry):
             "cuda_graphs": "supported",
             "async_scheduling": "supported",
             "triton_attention": "supported",
-            "prefix_caching": "unsupported",
+            "prefix_caching": "supported",
             # built from the column-/row-parallel layers (model.py), so it splits across ranks
             "tensor_parallel": "supported",
             "expert_parallel": "unsupported",  # dense: no MoE layers

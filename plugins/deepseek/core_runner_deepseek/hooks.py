@@ -9,7 +9,7 @@ CAPABILITIES = {
     "cuda_graphs": "supported",
     "async_scheduling": "supported",
     # the engine has no prefix caching yet; the latent cache would need block hashing too
-    "prefix_caching": "unsupported",
+    "prefix_caching": "supported",
     "triton_attention": "supported",
     # DeepSeek-V3's own block-fp8 checkpoints: weights dequantized at load
     "quantization:fp8": "supported",

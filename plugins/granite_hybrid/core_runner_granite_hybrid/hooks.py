@@ -8,7 +8,9 @@ CAPABILITIES = {
     # (state rows, flags, query_start_loc) and launches grids sized by the padded batch
     "cuda_graphs": "supported",
     "async_scheduling": "supported",
-    # a prefix cache would need the recurrent state at block boundaries, not kept here
+    # a cached prefix would need the Mamba layers' recurrent state at that block boundary,
+    # which is not kept (no per-block state snapshots): enable_prefix_caching=True is a
+    # named downgrade
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
     # attention and Mamba heads, MLP and expert intermediates, vocabulary split across ranks

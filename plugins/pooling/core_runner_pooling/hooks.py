@@ -10,6 +10,8 @@ BERT_CAPABILITIES = {
     "chunked_prefill": "unsupported",
     "cuda_graphs": "unsupported",  # prefill-only steps: eager (not yet measured on a GPU)
     "async_scheduling": "supported",
+    # bidirectional: a block's hidden states depend on the tokens after it, so no prefix
+    # can be reused
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
     # heads and intermediate features split across ranks; pooling runs on every rank over
@@ -22,7 +24,9 @@ QWEN3_EMBED_CAPABILITIES = {
     "chunked_prefill": "supported",  # causal: last-token pooling reads only the final chunk
     "cuda_graphs": "unsupported",
     "async_scheduling": "supported",
-    "prefix_caching": "unsupported",
+    # causal: a cached prefix's KV is reused; mean / cls pooling requests read every prompt
+    # token's hidden state, so they compute the whole prompt (Request.prefix_cacheable)
+    "prefix_caching": "supported",
     "triton_attention": "supported",
     # the decoder stack is core-runner-qwen3's, split across ranks by its layers
     "tensor_parallel": "supported",

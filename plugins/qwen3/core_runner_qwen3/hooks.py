@@ -6,7 +6,7 @@ CAPABILITIES = {
     "chunked_prefill": "supported",
     "cuda_graphs": "supported",
     "async_scheduling": "supported",
-    "prefix_caching": "unsupported",
+    "prefix_caching": "supported",
     "triton_attention": "supported",
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers
