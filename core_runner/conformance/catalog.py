@@ -89,8 +89,14 @@ CHECKS: tuple[Check, ...] = (
     _c("CR-EQ-08", "capability", f"{_E}:triton_equals_torch_attention",
        "Triton attention gives the same tokens, and logits within 1e-4, as the torch reference attention (GPU).",
        capability="triton_attention", gpu=True),
-    _c("CR-EQ-09", "capability", f"{_E}:prefix_hit_equals_miss",
-       "A prefix-cache hit gives the same output as a miss.", capability="prefix_caching"),
+    _c("CR-EQ-09", "capability", "checks_prefix:prefix_hit_equals_miss",
+       "With the prefix cache on, outputs equal those with it off (greedy tokens and float32 logits within 1e-5 at "
+       "every position both engines compute; last-token embeddings within 1e-5 for a pooling model), with 4-token "
+       "blocks and a prefix of several blocks shared by: a repeated prompt (a hit up to its last block), a partly "
+       "shared one, hits while the owner runs and after it finished, chunked prefill after a hit, and a preempted "
+       "request resuming from its cached blocks; the cache-on engine reports hits, the cache-off one none. For a "
+       "hybrid model this is the check that its recurrent state is right on a hit.",
+       capability="prefix_caching", task=None),
     _c("CR-EQ-10", "example", f"{_P}:embeddings_match_reference",
        "Embeddings equal the reference class's final hidden states pooled the same way (every pooling type "
        "the model accepts, raw and L2-normalised) within 1e-4, for prompts of mixed lengths in one batch.",
@@ -127,7 +133,7 @@ CHECKS: tuple[Check, ...] = (
        "a field without a probe fails)."),
     _c("CR-BOUND-05", "capability", f"{_B}:unsupported_capability_refused",
        "A capability declared unsupported cannot be enabled: asking for it raises UnsupportedError at config "
-       "time (strict mode for plan-level capabilities)."),
+       "time (strict mode for plan-level capabilities).", task=None),
 )
 
 BY_ID = {c.id: c for c in CHECKS}

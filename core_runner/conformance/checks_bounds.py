@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import pytest
-
 from core_runner.conformance.harness import Ctx, Recorder, drain, fail, greedy, run, step_until
 from core_runner.conformance.state_tools import snapshot, snapshot_diff
 from core_runner.oracle import UnsupportedError
@@ -177,16 +175,7 @@ def unsupported_capability_refused(ctx: Ctx) -> None:
         except UnsupportedError:
             pass
     elif cap == "prefix_caching":
-        from core_runner.config import EngineConfig
-
-        if "enable_prefix_caching" not in EngineConfig.__dataclass_fields__:
-            pytest.skip("not run: core-runner has no prefix-caching option to enable")
-        expect_raises(lambda: ctx.engine(enable_prefix_caching=True, strict=True), UnsupportedError,
-                      f"{what}: enable_prefix_caching=True, strict", match="prefix caching")
-        e = ctx.engine(enable_prefix_caching=True)
-        if not any(d.startswith("prefix caching off") for d in e.plan.downgrades):
-            fail(f"{what}: enable_prefix_caching=True (not strict) is neither refused nor a named downgrade")
-        ctx.note("enable_prefix_caching=True is refused in strict mode, a named downgrade otherwise")
+        ctx.note(prefix_caching_refused(ctx, what))
     elif cap == "tensor_parallel":
         expect_raises(lambda: ctx.engine(tensor_parallel_size=2), UnsupportedError,
                       f"{what}: tensor_parallel_size=2", match="tensor_parallel")
@@ -197,6 +186,24 @@ def unsupported_capability_refused(ctx: Ctx) -> None:
         _quantized_checkpoint_refused(ctx, cap.split(":", 1)[1], what)
     else:
         fail(f"the suite has no refusal probe for capability {cap!r}")
+
+
+def prefix_caching_refused(ctx: Ctx, what: str) -> str:
+    """enable_prefix_caching=True on a family that does not support it: UnsupportedError in
+    strict mode, a named downgrade otherwise; the default (None) leaves the cache off
+    without one. Also CR-BOUND-04's probe of the option."""
+    expect_raises(lambda: ctx.engine(enable_prefix_caching=True, strict=True), UnsupportedError,
+                  f"{what}: enable_prefix_caching=True, strict", match="prefix caching")
+    plan = ctx.engine(enable_prefix_caching=True).plan
+    if plan.prefix_caching or not any(d.startswith("prefix caching off") for d in plan.downgrades):
+        fail(f"{what}: enable_prefix_caching=True (not strict) planned prefix_caching={plan.prefix_caching} with "
+             f"downgrades {plan.downgrades}, expected it off with a named 'prefix caching off' downgrade")
+    plan = ctx.engine().plan
+    if plan.prefix_caching or any(d.startswith("prefix caching") for d in plan.downgrades):
+        fail(f"{what}: the default enable_prefix_caching=None planned prefix_caching={plan.prefix_caching} with "
+             f"downgrades {plan.downgrades}, expected it off and no prefix-caching downgrade (nothing was asked for)")
+    return "enable_prefix_caching=True is refused in strict mode and a named downgrade otherwise; the default " \
+        "leaves it off silently"
 
 
 def _quantized_checkpoint_refused(ctx: Ctx, method: str, what: str) -> None:

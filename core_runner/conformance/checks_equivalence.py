@@ -235,7 +235,7 @@ def same_seed_same_output(ctx: Ctx) -> None:
 
 
 # ---------------------------------------------------------------------------------
-# CR-EQ-07 (CPU) and the GPU checks CR-EQ-06, CR-EQ-08; CR-EQ-09
+# CR-EQ-07 (CPU) and the GPU checks CR-EQ-06, CR-EQ-08 (CR-EQ-09: checks_prefix.py)
 # ---------------------------------------------------------------------------------
 def _mixed_workload(ctx: Ctx, e: Any) -> dict:
     prompts = ctx.ref.prompts([1, 30, 7, 19, 12, 3], seed=71)
@@ -307,25 +307,3 @@ def triton_equals_torch_attention(ctx: Ctx) -> None:
             if rid in b.logits:
                 ctx.logit_error(b.logits[rid], a.logits[rid], f"step {k} {rid}: Triton vs torch attention")
 
-
-def prefix_hit_equals_miss(ctx: Ctx) -> None:
-    from core_runner.config import EngineConfig
-    from core_runner.oracle import UnsupportedError
-
-    if "enable_prefix_caching" not in EngineConfig.__dataclass_fields__:
-        pytest.skip("not run: core-runner has no prefix caching (no EngineConfig option enables it)")
-    try:
-        e = ctx.engine(enable_prefix_caching=True)
-    except UnsupportedError as err:
-        pytest.skip(f"not run: the engine refuses prefix caching ({err})")
-    shared = ctx.ref.prompts([24], seed=103)[0]
-    tails = ctx.ref.prompts([3, 7, 1], seed=107)
-    prompts = [shared + t for t in tails] + [shared]
-    outs: dict = {}
-    for i, p in enumerate(prompts):  # one after another: every later one can hit the cache
-        outs.update(run(e, [(f"h{i}", p, greedy(N_NEW))]))
-    miss = ctx.engine()
-    for i, p in enumerate(prompts):
-        want = run(miss, [(f"h{i}", p, greedy(N_NEW))])[f"h{i}"]
-        ctx.expect_tokens(outs[f"h{i}"].token_ids, want.token_ids, f"h{i}: prefix cache on vs off")
-        ctx.expect_greedy(p, outs[f"h{i}"].token_ids, f"h{i} with the prefix cache", N_NEW)

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import torch
 
-from core_runner.conformance.checks_bounds import expect_raises
+from core_runner.conformance.checks_bounds import expect_raises, prefix_caching_refused
 from core_runner.conformance.harness import CheckFailure, Ctx, Recorder, fail, greedy, run, sampled, supports_logprobs
 from core_runner.conformance.state_tools import paged_caches
 from core_runner.oracle import UnsupportedError
@@ -352,19 +352,22 @@ def _async(ctx: Ctx) -> str:
 def _prefix_caching(ctx: Ctx) -> str:
     text = _rejects(ctx, "enable_prefix_caching='yes'", enable_prefix_caching="yes")
     cap = ctx.registration.capability("prefix_caching")
-    if cap.supported:
-        try:
-            ctx.engine(enable_prefix_caching=True)
-        except UnsupportedError as e:
-            return text + f"; True is refused by the engine ({e})"
-        return text + "; True builds a prefix-caching engine (CR-EQ-09 checks hit = miss)"
-    expect_raises(lambda: ctx.engine(enable_prefix_caching=True, strict=True), UnsupportedError,
-                  f"enable_prefix_caching=True, strict, prefix_caching declared {cap.state}", match="prefix caching")
-    e = ctx.engine(enable_prefix_caching=True)
-    if not any(d.startswith("prefix caching off") for d in e.plan.downgrades):
-        fail(f"enable_prefix_caching=True with prefix_caching {cap.state} is neither refused nor a named "
-             f"downgrade (plan {e.plan})")
-    return text + f"; True is a named downgrade ({cap.state}), an error in strict mode"
+    if not cap.supported:
+        return text + "; " + prefix_caching_refused(ctx, f"prefix_caching declared {cap.state}")
+    prompt = ctx.ref.prompts([13], seed=19)[0]
+    hits = {}
+    for flag in (None, False):
+        e = ctx.engine(enable_prefix_caching=flag, block_size=4)
+        if e.plan.prefix_caching != (flag is None):
+            fail(f"enable_prefix_caching={flag} planned prefix_caching={e.plan.prefix_caching} (the family declares "
+                 "it supported: the default turns it on, False off)")
+        for i in range(2):  # the second finds the first's blocks
+            run(e, [(f"p{i}", prompt, greedy(1))])
+        hits[flag] = e.scheduler.prefix_cache_hits
+    if not hits[None] or hits[False]:
+        fail(f"a repeated prompt of 13 tokens found {hits[None]} cached tokens by default and {hits[False]} with "
+             "enable_prefix_caching=False; expected some, then none")
+    return text + f"; on by default (a repeated prompt finds {hits[None]} cached tokens), False turns it off (none)"
 
 
 @probe("attention_backend")
