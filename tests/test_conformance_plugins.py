@@ -25,8 +25,7 @@ import pytest
 import core_runner
 
 PLUGINS = sorted(ep.name for ep in entry_points(group="core_runner"))
-ALLOWED_NOT_RUN = ("not run: no GPU", "not run: tier cpu", "not run: this suite version checks task 'generate'",
-                   "not run: the engine refuses prefix caching")
+ALLOWED_NOT_RUN = ("not run: no GPU", "not run: tier cpu", "not run: this suite version checks task 'generate'")
 TIMEOUT_S = 1500
 
 

@@ -8,7 +8,7 @@ CAPABILITIES = {
     # grids from host ints), so a step can be captured
     "cuda_graphs": "supported",
     "async_scheduling": "supported",
-    # the engine has no prefix caching yet; the latent cache would need block hashing too
+    # the latent cache is paged like any KV cache: its blocks are shared like theirs
     "prefix_caching": "supported",
     "triton_attention": "supported",
     # DeepSeek-V3's own block-fp8 checkpoints: weights dequantized at load
