@@ -221,7 +221,7 @@ def test_registered_with_capabilities():
     for arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
         reg = pm.registry.get(arch)
         assert reg.capability("chunked_prefill").supported and reg.capability("triton_attention").supported
-        assert reg.capability("prefix_caching").state == "unsupported"
+        assert reg.capability("prefix_caching").state == "supported"
         assert reg.examples and reg.load_model_class().__name__ == arch
 
 
@@ -234,5 +234,5 @@ def test_registry_declares_deepseek():
     for arch in ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"):
         entry = table[arch]
         assert entry["package"] == "core-runner-deepseek" and entry["plugin"] == "deepseek"
-        assert entry["capabilities"]["prefix_caching"] == "unsupported"
+        assert entry["capabilities"]["prefix_caching"] == "supported"
         assert entry["capabilities"]["chunked_prefill"] == "supported"

@@ -272,17 +272,24 @@ def test_prefix_caching_strict_is_error(granite):
             enable_prefix_caching=True, strict=True)
 
 
-def test_prefix_caching_declared_supported_is_rejected():
+def test_prefix_caching_follows_the_declared_capability():
+    """A family declaring prefix_caching gets it by default (a hybrid that declares it
+    wrongly is caught by CR-EQ-09: tests/test_conformance_prefix.py); one that does not is
+    off by default and downgraded by name when asked."""
     from core_runner.config import EngineConfig
-    from core_runner.oracle import UnsupportedError, plan_execution
+    from core_runner.oracle import plan_execution
     from core_runner.registry import Registry
 
     r = Registry()
     r.add("FakeForCausalLM", "m:M", "s:S", capabilities={"prefix_caching": "supported"})
-    reg = r.get("FakeForCausalLM")
-    with pytest.raises(UnsupportedError, match="prefix caching is not implemented by the engine yet"):
-        plan_execution(EngineConfig(model="x", enable_prefix_caching=True, strict=False), reg)
-    assert plan_execution(EngineConfig(model="x"), reg).downgrades == ()
+    r.add("OtherForCausalLM", "m:M", "s:S", capabilities={"prefix_caching": "unsupported"})
+    yes, no = r.get("FakeForCausalLM"), r.get("OtherForCausalLM")
+    assert plan_execution(EngineConfig(model="x", device="cpu"), yes).prefix_caching
+    assert not plan_execution(EngineConfig(model="x", device="cpu", enable_prefix_caching=False), yes).prefix_caching
+    plan = plan_execution(EngineConfig(model="x", device="cpu"), no)
+    assert not plan.prefix_caching and plan.downgrades == ()
+    plan = plan_execution(EngineConfig(model="x", device="cpu", enable_prefix_caching=True, strict=False), no)
+    assert not plan.prefix_caching and plan.downgrades[0].startswith("prefix caching off: OtherForCausalLM")
     with pytest.raises(ValueError, match="enable_prefix_caching"):
         EngineConfig(model="x", enable_prefix_caching="yes")
 

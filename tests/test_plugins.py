@@ -132,7 +132,7 @@ def test_cli_plugins_lists_capabilities():
                          capture_output=True, text=True, check=True).stdout
     rows = json.loads(out)
     row = next(r for r in rows if r["architecture"] == "Qwen3ForCausalLM")
-    assert row["plugin"] == "qwen3" and row["capabilities"]["prefix_caching"] == "unsupported"
+    assert row["plugin"] == "qwen3" and row["capabilities"]["prefix_caching"] == "supported"
 
 
 def _reg(**caps):

@@ -59,10 +59,22 @@ def run_ranks(fn, world_size: int, *args, expert_parallel: bool = False, timeout
         else:
             os.environ["OMP_NUM_THREADS"] = env_threads
     results: dict[int, object] = {}
-    errors = []
+    errors: list[str] = []
+    import queue as queue_mod
+    import time
+
+    deadline = time.monotonic() + timeout_s
     try:
-        for _ in range(world_size):
-            rank, ok, value = queue.get(timeout=timeout_s)
+        while len(results) + len(errors) < world_size:
+            try:
+                rank, ok, value = queue.get(timeout=0.5)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    errors.append(f"ranks {dead} exited with {[procs[r].exitcode for r in dead]} without a result"
+                                  if dead else f"no result within {timeout_s} s")
+                    break
+                continue
             (results.__setitem__(rank, pickle.loads(value)) if ok else errors.append(f"rank {rank}:\n{value}"))
     finally:
         for p in procs:

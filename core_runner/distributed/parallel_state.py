@@ -63,22 +63,27 @@ def get_tp_group() -> GroupCoordinator:
 
 
 def get_tensor_model_parallel_world_size() -> int:
+    """Ranks in the current TP group (1 without tensor parallelism)."""
     return _TP.world_size
 
 
 def get_tensor_model_parallel_rank() -> int:
+    """This process's rank in the current TP group (0 without tensor parallelism)."""
     return _TP.rank
 
 
 def expert_parallel_enabled() -> bool:
+    """Whether MoE layers hold whole experts per rank (enable_expert_parallel, TP > 1)."""
     return _TP.expert_parallel and _TP.world_size > 1
 
 
 def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum of ``x`` over the TP ranks (``x`` itself with one rank); use the result."""
     return _TP.all_reduce(x)
 
 
 def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """The TP ranks' ``x`` concatenated along ``dim`` in rank order (``x`` with one rank)."""
     return _TP.all_gather(x, dim)
 
 

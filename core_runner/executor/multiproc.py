@@ -8,8 +8,9 @@ and read rank 0's state; only ranks 1..N-1 are started (torch.multiprocessing,
 locally, so all ranks enter the same collectives in the same order.
 
 Failure: a worker that raises writes its traceback to its error pipe and exits; rank
-0 sees its exit when a collective fails (gloo: at once) or when it checks the workers
-before the next call, and raises ``EngineDeadError`` naming the rank, its exit code
+0 sees its exit when a collective fails (gloo: at once; NCCL: a watcher thread aborts
+the group when a worker exits, see ``_watch``) or when it checks the workers before the
+next call, and raises ``EngineDeadError`` naming the rank, its exit code
 and error. A failure on rank 0 is fatal as well: the workers may be waiting in a
 collective that rank 0 will never enter, so they are stopped.
 
@@ -30,6 +31,7 @@ import time
 import weakref
 from typing import Any
 
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from core_runner.distributed import GroupCoordinator, destroy_tensor_parallel, init_tensor_parallel, set_tp_group
@@ -56,6 +58,7 @@ class _Workers:
         self.procs: dict[int, Any] = {}  # global rank -> process
         self.pipes: dict[int, Any] = {}
         self.errors: dict[int, str] = {}
+        self.closing = False  # set by shutdown: exits from then on are expected
 
     def start(self, ranks: list[tuple[int, int]], world_size: int, init_method: str, backend: str,
               preload: list[str] = ()) -> None:
@@ -102,6 +105,10 @@ class _Workers:
                 p.join(timeout=timeout_s)
 
 
+def torch_backend(group: GroupCoordinator) -> str:
+    return str(dist.get_backend(group.device_group)).lower()
+
+
 def _context(preload: list[str]) -> Any:
     """Workers fork from a forkserver that has imported torch, transformers' config code and
     the engine once (those imports are most of a worker's start: ~3-6 s on a busy 2-core
@@ -116,8 +123,26 @@ def _context(preload: list[str]) -> Any:
 
 
 def _finalize(workers: _Workers) -> None:
+    workers.closing = True
     workers.stop(timeout_s=2.0)
     destroy_tensor_parallel()
+
+
+def _watch(workers: _Workers, device_group: Any) -> None:
+    """NCCL collectives do not fail when a peer dies (gloo's do, at once): they wait for the
+    process group's timeout. This thread waits on the workers' exits and aborts rank 0's
+    NCCL group when one dies, so that a collective blocked on it returns with an error."""
+    from multiprocessing.connection import wait
+
+    wait([p.sentinel for p in workers.procs.values()])
+    if workers.closing:
+        return
+    logger.error("a tensor-parallel worker died: %s; aborting the NCCL group", workers.describe(wait_s=1.0))
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    try:
+        abort(device_group) if abort is not None else device_group.abort()
+    except Exception:
+        logger.exception("could not abort the NCCL group; a pending collective waits for its timeout")
 
 
 class MultiprocRunner:
@@ -130,6 +155,9 @@ class MultiprocRunner:
         self.runner: Any = None
         self.dead: str | None = None
         self._finalizer = weakref.finalize(self, _finalize, workers)
+        if workers.procs and torch_backend(group) == "nccl":
+            threading.Thread(target=_watch, args=(workers, group.device_group), name="core-runner-tp-watch",
+                             daemon=True).start()
 
     @classmethod
     def start(cls, world_size: int, nnodes: int, master_addr: str, master_port: int | None, device: str,

@@ -50,7 +50,7 @@ from core_runner.layers.linear import Linear, RowParallelLinear, copy_into
 Part = tuple[int, int, int]
 
 
-def load_parts(dst: torch.Tensor, loaded, parts: list[Part], what: str) -> None:
+def _load_parts(dst: torch.Tensor, loaded, parts: list[Part], what: str) -> None:
     """Copy this rank's slices of a checkpoint tensor that stacks ``parts`` along dim 0
     into ``dst``, stacked in the same order. ``loaded`` is a tensor or a lazy slice: only
     its ``shape`` and ``narrow`` are used before ``copy_into``."""
@@ -64,18 +64,18 @@ def load_parts(dst: torch.Tensor, loaded, parts: list[Part], what: str) -> None:
         src, out = src + full, out + rows
 
 
-def parts_loader(parts: list[Part], what: str):
-    """A ``weight_loader`` that keeps this rank's ``parts`` (see ``load_parts``)."""
+def _parts_loader(parts: list[Part], what: str):
+    """A ``weight_loader`` that keeps this rank's ``parts`` (see ``_load_parts``)."""
 
     def loader(param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if shard_id is not None:
             raise ValueError(f"{what} is not fused; got shard {shard_id!r}")
-        load_parts(param.data, loaded, parts, what)
+        _load_parts(param.data, loaded, parts, what)
 
     return loader
 
 
-def rank_part(total: int, tp: int, rank: int, what: str) -> Part:
+def _rank_part(total: int, tp: int, rank: int, what: str) -> Part:
     """The rank's contiguous 1/tp of ``total`` rows."""
     n = divide(total, tp, what)
     return total, rank * n, n
@@ -96,7 +96,7 @@ class GatedRMSNorm(nn.Module):
             raise ValueError(f"hidden_size={hidden_size} is not a multiple of group_size={group_size}")
         tp = get_tensor_model_parallel_world_size() if split else 1
         rank = get_tensor_model_parallel_rank() if split else 0
-        part = rank_part(hidden_size, tp, rank, "gated norm hidden_size")
+        part = _rank_part(hidden_size, tp, rank, "gated norm hidden_size")
         local = part[2]
         if local % group_size and group_size % local:
             raise ValueError(f"gated norm: a rank's {local} channels and group_size={group_size} do not align "
@@ -107,7 +107,7 @@ class GatedRMSNorm(nn.Module):
         self.spans_ranks = local % group_size != 0
         self.group = part[1] // group_size
         self.weight = nn.Parameter(torch.ones(local), requires_grad=False)
-        self.weight.weight_loader = parts_loader([part], "gated norm weight")
+        self.weight.weight_loader = _parts_loader([part], "gated norm weight")
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         dtype = z.dtype
@@ -125,7 +125,7 @@ class GatedRMSNorm(nn.Module):
 
 class DepthwiseConv1d(nn.Module):
     """Holds the conv parameters in the HF layout: weight [C, 1, K], bias [C]. With
-    ``parts`` (see ``load_parts``) the C channels are the rank's slices of the
+    ``parts`` (see ``_load_parts``) the C channels are the rank's slices of the
     checkpoint's packed channels."""
 
     def __init__(self, channels: int, kernel_size: int, bias: bool, parts: list[Part] | None = None) -> None:
@@ -134,15 +134,15 @@ class DepthwiseConv1d(nn.Module):
         if sum(p[2] for p in parts) != channels:
             raise ValueError(f"conv1d: parts {parts} keep {sum(p[2] for p in parts)} channels, expected {channels}")
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size), requires_grad=False)
-        self.weight.weight_loader = parts_loader(parts, "conv1d weight")
+        self.weight.weight_loader = _parts_loader(parts, "conv1d weight")
         if bias:
             self.bias = nn.Parameter(torch.empty(channels), requires_grad=False)
-            self.bias.weight_loader = parts_loader(parts, "conv1d bias")
+            self.bias.weight_loader = _parts_loader(parts, "conv1d bias")
         else:
             self.register_parameter("bias", None)
 
 
-class PackedColumnLinear(Linear):
+class _PackedColumnLinear(Linear):
     """A linear layer whose output rows are the rank's ``parts`` of a checkpoint matrix
     packed from several projections (Mamba's in_proj: z | x | B | C | dt), each part
     split or replicated on its own terms."""
@@ -154,7 +154,7 @@ class PackedColumnLinear(Linear):
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if shard_id is not None:
             raise ValueError(f"{self.what} is not fused; got shard {shard_id!r}")
-        load_parts(param.data, loaded, self.parts, self.what)
+        _load_parts(param.data, loaded, self.parts, self.what)
 
 
 class Mamba2Mixer(nn.Module):
@@ -186,8 +186,8 @@ class Mamba2Mixer(nn.Module):
         if n_groups % tp and tp % n_groups:
             raise ValueError(f"mamba n_groups={n_groups} and tensor_parallel_size={tp}: one must divide the other "
                              "(groups are split across ranks, or each rank keeps the one group its heads read)")
-        heads = rank_part(num_heads, tp, rank, "mamba num_heads")
-        inner = rank_part(d_inner, tp, rank, "mamba inner size")
+        heads = _rank_part(num_heads, tp, rank, "mamba num_heads")
+        inner = _rank_part(d_inner, tp, rank, "mamba inner size")
         # 1/tp of the groups, or the single group every head of this rank reads
         local_groups = n_groups // tp if n_groups % tp == 0 else 1
         groups = (n_groups * d_state, rank * n_groups // tp * d_state, local_groups * d_state)
@@ -198,13 +198,13 @@ class Mamba2Mixer(nn.Module):
         self.dt_limit = tuple(dt_limit) if dt_limit is not None else (0.0, float("inf"))
         # the rank's sizes: its state rows hold only its own heads' channels
         self.conv_dim = self.d_inner + 2 * local_groups * d_state
-        self.in_proj = PackedColumnLinear(hidden_size, [inner, inner, groups, groups, heads], bias=proj_bias)
+        self.in_proj = _PackedColumnLinear(hidden_size, [inner, inner, groups, groups, heads], bias=proj_bias)
         self.conv1d = DepthwiseConv1d(self.conv_dim, d_conv, conv_bias, parts=[inner, groups, groups])
         self.dt_bias = nn.Parameter(torch.ones(self.num_heads), requires_grad=False)
         self.A_log = nn.Parameter(torch.zeros(self.num_heads), requires_grad=False)
         self.D = nn.Parameter(torch.ones(self.num_heads), requires_grad=False)
         for name in ("dt_bias", "A_log", "D"):
-            getattr(self, name).weight_loader = parts_loader([heads], f"mamba {name}")
+            getattr(self, name).weight_loader = _parts_loader([heads], f"mamba {name}")
         self.norm = GatedRMSNorm(d_inner, d_inner // n_groups, norm_eps, split=True)
         self.out_proj = RowParallelLinear(d_inner, hidden_size, bias=proj_bias)
         self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
