@@ -249,17 +249,18 @@ def test_roofline_counts_kv_and_recurrent_state():
 # ------------------------------------------------------------------------------------------- #
 
 
-def _prompt_tokens_scheduled(steps) -> int:
-    """Every step's prompt tokens, from the recorded steps (the hook's reference)."""
+def _prompt_tokens_scheduled(steps, workload) -> int:
+    """The timed run's prompt tokens, step by step, from the recorded steps (the reference for
+    the bench's hook, which visits only requests still in their prompt)."""
+    prompt_lens = {f"b{i}": len(p) for i, (p, _, _) in enumerate(workload)}
     total = 0
     for st in steps:
+        if not all(rid in prompt_lens for rid in st.num_scheduled):
+            continue  # a warm-up step
         for rid, n in st.num_scheduled.items():
-            start, num_prompt = st.num_computed[rid], _PROMPT_LENS[rid]
+            start, num_prompt = st.num_computed[rid], prompt_lens[rid]
             total += max(0, min(start + n, num_prompt) - start)
     return total
-
-
-_PROMPT_LENS: dict[str, int] = {}
 
 
 def _demo_llm(**kw):
@@ -271,23 +272,20 @@ def _demo_llm(**kw):
     return LLM(demo_checkpoint(), **{**opts, **kw})
 
 
-def test_w3_with_the_prefix_cache_computes_fewer_prompt_tokens_and_the_same_outputs():
+def test_w3_with_the_prefix_cache_computes_fewer_prompt_tokens_and_the_same_outputs(single_torch_thread):
     from core_runner.bench.run import compare_prefix_caching, format_comparison, run_engine
 
     # 2 system prompts of 4 blocks; all 8 requests are admitted in the first step, and each
     # after the first of its system prompt takes that prompt's 64 tokens from the cache
     wl = shared_prefix_workload(2048, 8, num_prefixes=2, prefix_len=64, suffix_len=(4, 12), output_len=6)
     firsts = len({tuple(p[:64]) for p, _, _ in wl})
-    _PROMPT_LENS.clear()
-    _PROMPT_LENS.update({f"b{i}": len(p) for i, (p, _, _) in enumerate(wl)})
     runs = {}
     for on in (True, False):
         llm = _demo_llm(enable_prefix_caching=on)
         assert llm.engine.plan.prefix_caching is on
         steps = llm.engine.debug.record_steps()
         res = run_engine(llm, wl, keep_outputs=True)
-        timed = [st for st in steps if all(r.startswith("b") for r in st.num_scheduled)]
-        assert res["prefill_tokens_computed"] == _prompt_tokens_scheduled(timed)
+        assert res["prefill_tokens_computed"] == _prompt_tokens_scheduled(steps, wl)
         runs[on] = res
     prompt = sum(len(p) for p, _, _ in wl)
     on, off = runs[True], runs[False]
@@ -302,23 +300,20 @@ def test_w3_with_the_prefix_cache_computes_fewer_prompt_tokens_and_the_same_outp
     assert "identical outputs 8/8" in format_comparison("W3", cmp)
 
 
-def test_prompt_tokens_computed_count_a_preempted_prompt_again():
+def test_prompt_tokens_computed_count_a_preempted_prompt_again(single_torch_thread):
     """With too few KV blocks requests are preempted and compute their prompts again: the
     count is what the engine scheduled, above the prompt tokens (hits and queries cannot say)."""
     from core_runner.bench.run import run_engine
 
     wl = shared_prefix_workload(2048, 6, num_prefixes=6, prefix_len=40, suffix_len=(8, 8), output_len=16)
-    _PROMPT_LENS.clear()
-    _PROMPT_LENS.update({f"b{i}": len(p) for i, (p, _, _) in enumerate(wl)})
     llm = _demo_llm(enable_prefix_caching=False, max_model_len=128, num_kv_blocks=12)
     steps = llm.engine.debug.record_steps()
     res = run_engine(llm, wl)
     assert res["preemptions"] > 0
-    timed = [st for st in steps if all(r.startswith("b") for r in st.num_scheduled)]
-    assert res["prefill_tokens_computed"] == _prompt_tokens_scheduled(timed) > res["prompt_tokens"] == 6 * 48
+    assert res["prefill_tokens_computed"] == _prompt_tokens_scheduled(steps, wl) > res["prompt_tokens"] == 6 * 48
 
 
-def test_bench_cli_runs_w3_with_the_cache_on_and_off(tmp_path, capsys):
+def test_bench_cli_runs_w3_with_the_cache_on_and_off(tmp_path, capsys, single_torch_thread):
     from core_runner.cli import main
     from core_runner.demo import demo_checkpoint
 
