@@ -284,10 +284,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--request-timeout", type=float, default=None,
                    help="abort a request running longer than this many seconds (default: no limit)")
     s.set_defaults(func=cmd_serve)
-    b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8)")
+    b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8) and W3 (shared prefixes)")
     b.add_argument("--model", default=None, help="checkpoint (default: random Qwen3-0.6B-shaped bf16)")
-    b.add_argument("--workload", nargs="+", default=["W1", "W2"], choices=["W1", "W2"])
+    b.add_argument("--workload", nargs="+", default=["W1", "W2"], choices=["W1", "W2", "W3"],
+                   help="W3: 8 system prompts of 1,000 tokens shared by 512 requests (core_runner/bench/workloads.py)")
+    b.add_argument("--prefix-caching", nargs="+", default=None, choices=["on", "off"],
+                   help="run each workload with the prefix cache on and/or off; both compare prompt tokens "
+                        "computed, tok/s and outputs (default: one run, the engine's default)")
     b.add_argument("--num-requests", type=int, default=None, help="a prefix of the workload (smoke runs)")
+    b.add_argument("--scale", type=int, default=1, help="divide prompt and output lengths (smoke runs)")
     b.add_argument("--device", default="cuda")
     b.add_argument("--dtype", default="bfloat16")
     b.add_argument("--max-model-len", type=int, default=None, help="(default: as LLM() chooses)")

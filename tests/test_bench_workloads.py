@@ -17,6 +17,7 @@ from core_runner.bench.workloads import (  # noqa: E402
     make_random_checkpoint,
     make_workload,
     qwen3_0p6b_config,
+    shared_prefix_workload,
     tiny_qwen3_config,
     workload_summary,
 )
@@ -84,12 +85,44 @@ def test_scale_divides_lengths_without_changing_draws():
 def test_small_vocab_and_bad_arguments():
     wl = make_workload("W1", 8, 3)
     assert all(3 <= tok < 8 for p, _, _ in wl for tok in p)
-    with pytest.raises(ValueError):
-        make_workload("W3", VOCAB)
+    with pytest.raises(ValueError, match="'W4'"):
+        make_workload("W4", VOCAB)
     with pytest.raises(ValueError):
         make_workload("W1", 3)
     with pytest.raises(ValueError):
         make_workload("W1", VOCAB, scale=0)
+
+
+def test_w3_draws_shared_system_prompts_then_own_parts():
+    wl = make_workload("W3", VOCAB)
+    assert len(wl) == 512 and all(o == 128 and t == 0.0 for _, o, t in wl)
+    systems = {tuple(p[:1000]) for p, _, _ in wl}
+    assert len(systems) == 8
+    assert all(50 <= len(p) - 1000 <= 200 for p, _, _ in wl)
+    assert all(3 <= tok < VOCAB for p, _, _ in wl for tok in p)
+    # one Random(0): the 8 system prompts first, then per request its system prompt, length, tokens
+    rng = random.Random(0)
+    drawn = [[rng.randrange(3, VOCAB) for _ in range(1000)] for _ in range(8)]
+    first = drawn[rng.randrange(8)]
+    own = [rng.randrange(3, VOCAB) for _ in range(rng.randint(50, 200))]
+    assert wl[0][0] == first + own
+    assert make_workload("w3", VOCAB, 10) == wl[:10] and make_workload("W3", VOCAB, 0) == []
+    small = make_workload("W3", VOCAB, 4, scale=8)  # each part cut after drawing
+    for (p, _, _), (sp, so, _) in zip(wl, small):
+        n_own = len(p) - 1000
+        assert sp == p[:125] + p[1000:1000 + n_own // 8] and so == 16
+
+
+def test_shared_prefix_workload_knobs_and_bad_arguments():
+    wl = shared_prefix_workload(64, 6, num_prefixes=2, prefix_len=16, suffix_len=(0, 3), output_len=5, seed=1)
+    assert len({tuple(p[:16]) for p, _, _ in wl}) <= 2 and all(16 <= len(p) <= 19 and o == 5 for p, o, _ in wl)
+    assert wl != shared_prefix_workload(64, 6, num_prefixes=2, prefix_len=16, suffix_len=(0, 3), output_len=5)
+    for kw, word in ((dict(num_prefixes=0), "num_prefixes"), (dict(prefix_len=0), "prefix_len"),
+                     (dict(suffix_len=(5, 2)), r"\(5, 2\)"), (dict(scale=0), "scale"), (dict(output_len=0), "0")):
+        with pytest.raises(ValueError, match=word):
+            shared_prefix_workload(64, 2, **kw)
+    with pytest.raises(ValueError, match="-1"):
+        shared_prefix_workload(64, -1)
 
 
 def test_workload_summary():
@@ -208,3 +241,93 @@ def test_roofline_counts_kv_and_recurrent_state():
     t = (10 + 3 * 4 + 2 * 2 * 5) / 100 + (10 + 3 * 4 + 2 * 1 * 5) / 100
     assert decode_roofline_tok_s(wl, 10, 4, 100.0, 8, state_bytes_per_row=5) == pytest.approx(3 / t)
     assert decode_roofline_tok_s(wl, 10, 4, 100.0, 8) > decode_roofline_tok_s(wl, 10, 4, 100.0, 8, 5)
+
+
+# ------------------------------------------------------------------------------------------- #
+# W3 with the prefix cache on and off (the demo model, float32: peaked logits, so greedy
+# outputs do not flip between the two runs' different batchings)
+# ------------------------------------------------------------------------------------------- #
+
+
+def _prompt_tokens_scheduled(steps, workload) -> int:
+    """The timed run's prompt tokens, step by step, from the recorded steps (the reference for
+    the bench's hook, which visits only requests still in their prompt)."""
+    prompt_lens = {f"b{i}": len(p) for i, (p, _, _) in enumerate(workload)}
+    total = 0
+    for st in steps:
+        if not all(rid in prompt_lens for rid in st.num_scheduled):
+            continue  # a warm-up step
+        for rid, n in st.num_scheduled.items():
+            start, num_prompt = st.num_computed[rid], prompt_lens[rid]
+            total += max(0, min(start + n, num_prompt) - start)
+    return total
+
+
+def _demo_llm(**kw):
+    from core_runner import LLM
+    from core_runner.demo import demo_checkpoint
+
+    opts = dict(device="cpu", dtype="float32", block_size=16, max_model_len=256, max_num_seqs=8,
+                max_num_batched_tokens=1024)
+    return LLM(demo_checkpoint(), **{**opts, **kw})
+
+
+def test_w3_with_the_prefix_cache_computes_fewer_prompt_tokens_and_the_same_outputs(single_torch_thread):
+    from core_runner.bench.run import compare_prefix_caching, format_comparison, run_engine
+
+    # 2 system prompts of 4 blocks; all 8 requests are admitted in the first step, and each
+    # after the first of its system prompt takes that prompt's 64 tokens from the cache
+    wl = shared_prefix_workload(2048, 8, num_prefixes=2, prefix_len=64, suffix_len=(4, 12), output_len=6)
+    firsts = len({tuple(p[:64]) for p, _, _ in wl})
+    runs = {}
+    for on in (True, False):
+        llm = _demo_llm(enable_prefix_caching=on)
+        assert llm.engine.plan.prefix_caching is on
+        steps = llm.engine.debug.record_steps()
+        res = run_engine(llm, wl, keep_outputs=True)
+        assert res["prefill_tokens_computed"] == _prompt_tokens_scheduled(steps, wl)
+        runs[on] = res
+    prompt = sum(len(p) for p, _, _ in wl)
+    on, off = runs[True], runs[False]
+    assert on["preemptions"] == off["preemptions"] == 0
+    assert off["prefill_tokens_computed"] == prompt and off["prefix_cache_hits"] == 0
+    assert on["prefix_cache_hits"] == 64 * (8 - firsts) > 0 and on["prefix_cache_queries"] == prompt
+    assert on["prefill_tokens_computed"] == prompt - on["prefix_cache_hits"]
+    cmp = compare_prefix_caching(on, off)
+    assert cmp["identical_outputs"] == cmp["num_requests"] == 8
+    assert all(len(t) == 6 for t in on["output_token_ids"])
+    assert cmp["prefill_tokens_off_over_on"] == pytest.approx(prompt / (prompt - 64 * (8 - firsts)))
+    assert "identical outputs 8/8" in format_comparison("W3", cmp)
+
+
+def test_prompt_tokens_computed_count_a_preempted_prompt_again(single_torch_thread):
+    """With too few KV blocks requests are preempted and compute their prompts again: the
+    count is what the engine scheduled, above the prompt tokens (hits and queries cannot say)."""
+    from core_runner.bench.run import run_engine
+
+    wl = shared_prefix_workload(2048, 6, num_prefixes=6, prefix_len=40, suffix_len=(8, 8), output_len=16)
+    llm = _demo_llm(enable_prefix_caching=False, max_model_len=128, num_kv_blocks=12)
+    steps = llm.engine.debug.record_steps()
+    res = run_engine(llm, wl)
+    assert res["preemptions"] > 0
+    assert res["prefill_tokens_computed"] == _prompt_tokens_scheduled(steps, wl) > res["prompt_tokens"] == 6 * 48
+
+
+def test_bench_cli_runs_w3_with_the_cache_on_and_off(tmp_path, capsys, single_torch_thread):
+    from core_runner.cli import main
+    from core_runner.demo import demo_checkpoint
+
+    out = tmp_path / "w3.json"
+    rc = main(["bench", "--model", demo_checkpoint(), "--device", "cpu", "--dtype", "float32", "--workload", "W3",
+               "--num-requests", "12", "--scale", "16", "--prefix-caching", "on", "off", "--json", str(out),
+               "--max-model-len", "256", "--max-num-seqs", "16", "--max-num-batched-tokens", "512"])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert set(res) == {"W3_prefix_caching_on", "W3_prefix_caching_off", "W3_prefix_caching_on_vs_off"}
+    on, off, cmp = res["W3_prefix_caching_on"], res["W3_prefix_caching_off"], res["W3_prefix_caching_on_vs_off"]
+    assert on["prefix_caching"] and not off["prefix_caching"] and "output_token_ids" not in on
+    assert on["prompt_tokens"] == off["prompt_tokens"] == off["prefill_tokens_computed"]
+    assert on["prefill_tokens_computed"] < off["prefill_tokens_computed"] and on["prefix_cache_hits"] > 0
+    assert cmp["identical_outputs"] == cmp["num_requests"] == 12
+    printed = capsys.readouterr().out
+    assert "W3 prefix caching on vs off" in printed and f"{cmp['prefill_tokens_off_over_on']:.2f}x fewer" in printed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import random
 import shutil
 import socket
 import threading
@@ -322,6 +323,35 @@ def test_load_256_streams_match_offline_then_50_disconnects_leak_nothing(server,
         time.sleep(0.05)
     assert 'vllm:generation_tokens_total{model_name="demo"}' in metrics
     assert "vllm:time_to_first_token_seconds_bucket" in metrics and "vllm:kv_cache_usage_perc" in metrics
+
+
+def _metric(text: str, name: str) -> float:
+    """One sample's value in a /metrics page (the server's model_name label)."""
+    prefix = name + '{model_name="demo"} '
+    values = [float(line[len(prefix):]) for line in text.splitlines() if line.startswith(prefix)]
+    assert len(values) == 1, (name, text)
+    return values[0]
+
+
+def test_prefix_cache_counters_count_a_shared_prompt_prefix(server, client):
+    """Two prompts sharing 128 tokens (8 blocks of 16): the second takes them from the cache.
+    vLLM's counters count tokens: both prompts are looked up whole, 128 tokens are found."""
+    assert server.call(lambda eng: eng.plan.prefix_caching)
+    shared = random.Random(25).choices(range(3, 2048), k=128)  # no other test's prompt starts so
+    _wait_idle(server)
+    before = httpx.get(server.url + "/metrics").text
+    for tail in ([7, 8], [9, 10]):
+        r = client.completions.create(model="demo", prompt=[shared + tail], max_tokens=2, temperature=0.0)
+        assert r.usage.prompt_tokens == 130
+    deadline = time.monotonic() + 10
+    while True:  # the engine thread reports a step after the responses may have gone out
+        after = httpx.get(server.url + "/metrics").text
+        got = [_metric(after, n) - _metric(before, n)
+               for n in ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")]
+        if got[0] >= 260 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert got == [260, 128], got
 
 
 # ---- embeddings --------------------------------------------------------------------

@@ -1,6 +1,10 @@
-"""``core-runner bench``: workloads W1/W2 on a Qwen3-0.6B-shaped model (random bf16
+"""``core-runner bench``: workloads W1/W2/W3 on a Qwen3-0.6B-shaped model (random bf16
 weights) or any checkpoint, timing output tok/s, TTFT and TPOT, against the roofline
-and, with ``--peer``, the transformers continuous-batching peer in the same call."""
+and, with ``--peer``, the transformers continuous-batching peer in the same call.
+
+Every run also counts the prompt tokens the engine computed (``PrefillCounter``) and the
+prefix cache's hits; ``--prefix-caching on off`` runs each workload with the cache on, then
+off, and compares the two (W3 is the workload built for it)."""
 from __future__ import annotations
 
 import json
@@ -74,7 +78,31 @@ def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
     return 2 * nbytes * 10 / (time.perf_counter() - t)
 
 
-def run_engine(llm, workload, profile_steps: int = 0) -> dict:
+class PrefillCounter:
+    """A step hook (``engine.debug.on_step``) adding up the prompt tokens the engine scheduled:
+    what it computed, so a prefix cache hit is left out and a prompt computed again after a
+    preemption counts again. Only requests still in their prompt are visited."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self._in_prompt: dict[str, int] = {}  # request id -> prompt length
+
+    def __call__(self, out) -> None:
+        for new in out.new_reqs:  # admissions, a resumed request's included
+            self._in_prompt[new.req_id] = new.num_prompt_tokens
+        for rid, num_prompt in list(self._in_prompt.items()):
+            n = out.num_scheduled_tokens.get(rid)
+            if not n:
+                continue
+            start = out.num_computed_tokens[rid]
+            self.tokens += max(0, min(start + n, num_prompt) - start)
+            if start + n >= num_prompt:
+                del self._in_prompt[rid]
+
+
+def run_engine(llm, workload, profile_steps: int = 0, keep_outputs: bool = False) -> dict:
+    """Time ``workload`` on ``llm``; ``keep_outputs`` adds every request's output token ids
+    (``output_token_ids``, in workload order) for comparing runs."""
     from core_runner import SamplingParams
 
     eng = llm.engine
@@ -86,6 +114,11 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     if eng.runner.device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    llm.reset_prefix_cache()  # the warm-up's prompts must not be hits
+    sched = eng.scheduler
+    queries0, hits0 = sched.prefix_cache_queries, sched.prefix_cache_hits
+    prefill = PrefillCounter()
+    remove_hook = eng.debug.on_step(prefill)
 
     def add_all(tag: str) -> None:
         for i, (prompt, out_len, temp) in enumerate(workload):
@@ -107,6 +140,7 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     if eng.runner.device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
+    remove_hook()
     n_out = sum(len(o.token_ids) for o in outs)
     expect = sum(o for _, o, _ in workload)
     if n_out != expect:
@@ -120,7 +154,14 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
         "preemptions": eng.scheduler.num_preemptions,
         "step_ms_p50": 1e3 * percentile(step_s, 50), "step_ms_p99": 1e3 * percentile(step_s, 99),
         "step_ms_max": 1e3 * max(step_s), "step_ms_mean": 1e3 * statistics.fmean(step_s), "slow_steps": slow,
+        "prefix_caching": eng.plan.prefix_caching, "prompt_tokens": sum(len(p) for p, _, _ in workload),
+        "prefill_tokens_computed": prefill.tokens,
+        "prefix_cache_queries": sched.prefix_cache_queries - queries0,
+        "prefix_cache_hits": sched.prefix_cache_hits - hits0,
     }
+    if keep_outputs:
+        by_id = {o.request_id: list(o.token_ids) for o in outs}
+        res["output_token_ids"] = [by_id[f"b{i}"] for i in range(len(workload))]
     if eng.runner.device.type == "cuda":
         res["peak_gpu_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if profile_steps:
@@ -128,13 +169,14 @@ def run_engine(llm, workload, profile_steps: int = 0) -> dict:
     return res
 
 
-def run_peer(model: str, workload_name: str, num_requests: int | None, device: str, timeout: int) -> dict:
+def run_peer(model: str, workload_name: str, num_requests: int | None, device: str, timeout: int,
+             scale: int = 1) -> dict:
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "peers.py"
     if not script.is_file():
         return {"error": f"peer script not found at {script} (run from a source checkout)"}
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, str(script), "--model", model, "--workload", workload_name,
-               "--device", device, "--json", f.name, "--timeout", str(max(60, timeout - 60))]
+               "--device", device, "--json", f.name, "--timeout", str(max(60, timeout - 60)), "--scale", str(scale)]
         if num_requests:
             cmd += ["--num-requests", str(num_requests)]
         try:
@@ -147,51 +189,111 @@ def run_peer(model: str, workload_name: str, num_requests: int | None, device: s
             return {"error": f"peer failed (rc={proc.returncode}): {proc.stderr[-2000:]}"}
 
 
-def bench(args) -> dict:
-    from core_runner import LLM
+_PREFIX_CACHING = {"on": True, "off": False}
 
+
+def prefix_caching_modes(given: list[str] | None) -> list[bool | None]:
+    """``--prefix-caching`` values as ``enable_prefix_caching`` settings, in the order given
+    (repeats dropped); none given is one run with the engine's default (None)."""
+    if not given:
+        return [None]
+    modes: list[bool | None] = []
+    for value in given:
+        if value not in _PREFIX_CACHING:
+            raise ValueError(f"--prefix-caching takes on or off, got {value!r}")
+        if _PREFIX_CACHING[value] not in modes:
+            modes.append(_PREFIX_CACHING[value])
+    return modes
+
+
+def compare_prefix_caching(on: dict, off: dict) -> dict:
+    """The same workload with the prefix cache on and off (run_engine results that kept their
+    outputs): prompt tokens computed, hits, tok/s, and how many requests' outputs agree."""
+    same = sum(a == b for a, b in zip(on["output_token_ids"], off["output_token_ids"]))
+    return {
+        "prompt_tokens": on["prompt_tokens"],
+        "prefill_tokens_computed_on": on["prefill_tokens_computed"],
+        "prefill_tokens_computed_off": off["prefill_tokens_computed"],
+        "prefill_tokens_off_over_on": off["prefill_tokens_computed"] / max(1, on["prefill_tokens_computed"]),
+        "prefix_cache_hits_on": on["prefix_cache_hits"],
+        "output_tok_s_on": on["output_tok_s"], "output_tok_s_off": off["output_tok_s"],
+        "output_tok_s_on_over_off": on["output_tok_s"] / off["output_tok_s"],
+        "identical_outputs": same, "num_requests": len(on["output_token_ids"]),
+    }
+
+
+def bench(args) -> dict:
+    """Every workload of ``args.workload`` once per ``--prefix-caching`` mode; results keyed by
+    workload, or ``<workload>_prefix_caching_on|off`` and ``..._on_vs_off`` with both modes."""
     device = args.device
     model = args.model or default_checkpoint(device)
     results = {}
     opts, source = engine_settings(args)
+    modes = prefix_caching_modes(getattr(args, "prefix_caching", None))
     for name in args.workload:
-        llm = LLM(model, device=device, dtype=args.dtype, enforce_eager=args.enforce_eager,
-                  enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)), **opts)
-        vocab = llm.engine.vocab_size
-        workload = make_workload(name, vocab, args.num_requests)
-        res = run_engine(llm, workload, profile_steps=args.profile_steps)
-        c = llm.config
-        res["settings"] = {"source": source, "max_model_len": c.max_model_len, "max_num_seqs": c.max_num_seqs,
-                           "max_num_batched_tokens": c.max_num_batched_tokens, "block_size": c.block_size,
-                           "gpu_memory_utilization": c.gpu_memory_utilization,
-                           "kv_cache_memory_fraction": c.kv_cache_memory_fraction,
-                           "tensor_parallel_size": c.tensor_parallel_size,
-                           "enable_expert_parallel": c.enable_expert_parallel,
-                           "num_kv_blocks": llm.engine.num_blocks}
-        mem = llm.engine.memory_report()
-        weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
-        res["plan"] = repr(llm.engine.plan)
-        if device.startswith("cuda"):
-            bw = copy_bandwidth(device)
-            res["copy_bw_gb_s"] = bw / 1e9
-            # a copy moves 2 bytes of traffic per byte copied; bw already counts both,
-            # and it is the ceiling for the bytes a decode step reads
-            roof = decode_roofline_tok_s(workload, weight_bytes, mem["kv_bytes_per_token"], bw,
-                                         c.max_num_seqs, mem.get("state_bytes_per_row", 0))
-            res["roofline_tok_s"] = roof
-            res["ratio_to_roofline"] = res["output_tok_s"] / roof
-        llm.engine.shutdown()  # a tensor-parallel engine's group must go before the next one
-        del llm
-        if device.startswith("cuda"):
-            torch.cuda.empty_cache()
-        if args.peer is not None and (not args.peer or name in args.peer):
-            peer = run_peer(model, name, args.num_requests, device, args.peer_timeout)
-            res["peer"] = peer
-            if peer.get("output_tok_s"):
-                res["ratio_to_peer"] = res["output_tok_s"] / peer["output_tok_s"]
-        results[name] = res
-        print(format_result(name, res), flush=True)
+        runs = {}
+        for mode in modes:
+            key = name if len(modes) == 1 else f"{name}_prefix_caching_{'on' if mode else 'off'}"
+            res = _bench_workload(model, name, args, opts, source, mode, keep_outputs=len(modes) > 1)
+            # the peer has no prefix cache to switch: it runs once, beside the last mode's run
+            if mode == modes[-1] and args.peer is not None and (not args.peer or name in args.peer):
+                peer = run_peer(model, name, args.num_requests, device, args.peer_timeout, getattr(args, "scale", 1))
+                res["peer"] = peer
+                if peer.get("output_tok_s"):
+                    res["ratio_to_peer"] = res["output_tok_s"] / peer["output_tok_s"]
+            runs[mode] = results[key] = res
+            print(format_result(key, res), flush=True)
+        if True in runs and False in runs:
+            cmp = results[f"{name}_prefix_caching_on_vs_off"] = compare_prefix_caching(runs[True], runs[False])
+            print(format_comparison(name, cmp), flush=True)
+        for res in runs.values():
+            res.pop("output_token_ids", None)  # compared; too long for the JSON report
     return results
+
+
+def _bench_workload(model: str, name: str, args, opts: dict, source: str, prefix_caching: bool | None,
+                    keep_outputs: bool) -> dict:
+    from core_runner import LLM
+
+    device = args.device
+    llm = LLM(model, device=device, dtype=args.dtype, enforce_eager=args.enforce_eager,
+              enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
+              enable_prefix_caching=prefix_caching, **opts)
+    workload = make_workload(name, llm.engine.vocab_size, args.num_requests, scale=getattr(args, "scale", 1))
+    res = run_engine(llm, workload, profile_steps=args.profile_steps, keep_outputs=keep_outputs)
+    c = llm.config
+    res["settings"] = {"source": source, "max_model_len": c.max_model_len, "max_num_seqs": c.max_num_seqs,
+                       "max_num_batched_tokens": c.max_num_batched_tokens, "block_size": c.block_size,
+                       "gpu_memory_utilization": c.gpu_memory_utilization,
+                       "kv_cache_memory_fraction": c.kv_cache_memory_fraction,
+                       "tensor_parallel_size": c.tensor_parallel_size,
+                       "enable_expert_parallel": c.enable_expert_parallel,
+                       "num_kv_blocks": llm.engine.num_blocks}
+    mem = llm.engine.memory_report()
+    weight_bytes = sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+    res["plan"] = repr(llm.engine.plan)
+    if device.startswith("cuda"):
+        bw = copy_bandwidth(device)
+        res["copy_bw_gb_s"] = bw / 1e9
+        # a copy moves 2 bytes of traffic per byte copied; bw already counts both,
+        # and it is the ceiling for the bytes a decode step reads
+        roof = decode_roofline_tok_s(workload, weight_bytes, mem["kv_bytes_per_token"], bw,
+                                     c.max_num_seqs, mem.get("state_bytes_per_row", 0))
+        res["roofline_tok_s"] = roof
+        res["ratio_to_roofline"] = res["output_tok_s"] / roof
+    llm.engine.shutdown()  # a tensor-parallel engine's group must go before the next one
+    del llm
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return res
+
+
+def format_comparison(name: str, c: dict) -> str:
+    return (f"{name} prefix caching on vs off: prompt tokens computed {c['prefill_tokens_computed_on']:,} vs "
+            f"{c['prefill_tokens_computed_off']:,} of {c['prompt_tokens']:,} "
+            f"({c['prefill_tokens_off_over_on']:.2f}x fewer), cache hits {c['prefix_cache_hits_on']:,} tokens; "
+            f"{c['output_tok_s_on']:,.0f} vs {c['output_tok_s_off']:,.0f} output tok/s "
+            f"({c['output_tok_s_on_over_off']:.2f}x); identical outputs {c['identical_outputs']}/{c['num_requests']}")
 
 
 def format_result(name: str, r: dict) -> str:
@@ -202,6 +304,10 @@ def format_result(name: str, r: dict) -> str:
         lines.append(f"  settings ({st['source']}): max_num_seqs {st['max_num_seqs']}, max_num_batched_tokens "
                      f"{st['max_num_batched_tokens']}, max_model_len {st['max_model_len']}, KV {st['num_kv_blocks']} "
                      f"blocks (gpu_memory_utilization {st['gpu_memory_utilization']})")
+    if "prefill_tokens_computed" in r:
+        lines.append(f"  prefix caching {'on' if r['prefix_caching'] else 'off'}: {r['prefill_tokens_computed']:,} "
+                     f"of {r['prompt_tokens']:,} prompt tokens computed, cache hits {r['prefix_cache_hits']:,} of "
+                     f"{r['prefix_cache_queries']:,} tokens looked up")
     lines += [
              f"  TTFT p50 {r['ttft_p50_s']:.3f} s p99 {r['ttft_p99_s']:.3f} s | "
              f"TPOT p50 {r['tpot_p50_ms']:.2f} ms p99 {r['tpot_p99_ms']:.2f} ms"]

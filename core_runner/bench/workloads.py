@@ -7,12 +7,20 @@ Workloads (see DESIGN):
   ``randint(100, 1024)`` from a generator seeded with 0 (identical to ``random.seed(0)`` followed by
   ``random.randint`` calls, without touching the global generator); temperature 0.6.
 
-Prompt token ids are drawn from ``[3, vocab_size)`` by a separate ``random.Random(0)``, request by
-request. EOS is ignored in both workloads: every request must produce exactly its output length.
+* ``W3`` (shared prefixes, for prefix caching): 512 requests, each one of 8 system prompts of 1,000
+  tokens followed by ``randint(50, 200)`` tokens of its own, 128 output tokens, greedy. One
+  ``random.Random(0)`` draws the 8 system prompts, then per request, in order, which system prompt,
+  the length of its own part and its tokens (``shared_prefix_workload``, vLLM's prefix-repetition
+  dataset names: ``num_prefixes``, ``prefix_len``, ``suffix_len``, ``output_len``).
+
+W1 and W2 prompt token ids are drawn from ``[3, vocab_size)`` by a separate ``random.Random(0)``,
+request by request. EOS is ignored in every workload: every request must produce exactly its output
+length.
 
 ``make_workload`` returns ``[(prompt_token_ids, output_len, temperature), ...]``. Asking for fewer
 requests (``num_requests``) returns a prefix of the full workload; ``scale`` divides every length
-(after drawing, so the draws do not change) to make smoke tests cheap.
+(after drawing, so the draws do not change; W3's system prompt and own part each) to make smoke tests
+cheap.
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ from typing import Any
 
 import torch
 
-WORKLOADS = ("W1", "W2")
+WORKLOADS = ("W1", "W2", "W3")
 
 _W1_DEFAULT_REQUESTS = 1024
 _W1_PROMPT_LEN = 128
@@ -33,6 +41,13 @@ _W2_DEFAULT_REQUESTS = 256
 _W2_MIN_LEN = 100
 _W2_MAX_LEN = 1024
 _W2_TEMPERATURE = 0.6
+
+_W3_DEFAULT_REQUESTS = 512
+_W3_NUM_PREFIXES = 8
+_W3_PREFIX_LEN = 1000
+_W3_SUFFIX_LEN = (50, 200)
+_W3_OUTPUT_LEN = 128
+_W3_TEMPERATURE = 0.0
 
 _FIRST_TOKEN_ID = 3  # ids 0..2 are left out (special tokens in many vocabularies)
 
@@ -61,6 +76,9 @@ def make_workload(
     if scale < 1:
         raise ValueError(f"scale must be >= 1, got {scale}")
 
+    if key == "W3":
+        return shared_prefix_workload(vocab_size, _W3_DEFAULT_REQUESTS if num_requests is None else num_requests,
+                                      scale=scale)
     if key == "W1":
         n = _W1_DEFAULT_REQUESTS if num_requests is None else num_requests
         shapes = [(_W1_PROMPT_LEN, _W1_OUTPUT_LEN)] * n
@@ -83,6 +101,48 @@ def make_workload(
             prompt = prompt[: max(1, prompt_len // scale)]
             output_len = max(1, output_len // scale)
         workload.append((prompt, output_len, temperature))
+    return workload
+
+
+def shared_prefix_workload(
+    vocab_size: int,
+    num_requests: int = _W3_DEFAULT_REQUESTS,
+    *,
+    num_prefixes: int = _W3_NUM_PREFIXES,
+    prefix_len: int = _W3_PREFIX_LEN,
+    suffix_len: tuple[int, int] = _W3_SUFFIX_LEN,
+    output_len: int = _W3_OUTPUT_LEN,
+    seed: int = 0,
+    scale: int = 1,
+) -> list[Request]:
+    """W3's shape with its knobs: each request is one of ``num_prefixes`` shared system prompts of
+    ``prefix_len`` tokens, then ``randint(*suffix_len)`` tokens of its own; ``output_len`` greedy
+    output tokens. The system prompts are drawn first, so fewer requests give a prefix of the list.
+    ``scale`` divides the system prompt and each own part after drawing (each at least 1 token)."""
+    if vocab_size <= _FIRST_TOKEN_ID:
+        raise ValueError(f"vocab_size must be > {_FIRST_TOKEN_ID}, got {vocab_size}")
+    if num_requests < 0:
+        raise ValueError(f"num_requests must be >= 0, got {num_requests}")
+    if num_prefixes < 1 or prefix_len < 1 or output_len < 1:
+        raise ValueError(f"num_prefixes, prefix_len and output_len must be >= 1, got {num_prefixes}, "
+                         f"{prefix_len} and {output_len}")
+    lo, hi = suffix_len
+    if not 0 <= lo <= hi:
+        raise ValueError(f"suffix_len must be a range (low, high) with 0 <= low <= high, got {suffix_len}")
+    if scale < 1:
+        raise ValueError(f"scale must be >= 1, got {scale}")
+    rng = random.Random(seed)
+
+    def draw(n: int) -> list[int]:
+        return [rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(n)]
+
+    prefixes = [draw(prefix_len)[: max(1, prefix_len // scale)] for _ in range(num_prefixes)]
+    workload: list[Request] = []
+    for _ in range(num_requests):
+        prefix = prefixes[rng.randrange(num_prefixes)]
+        n = rng.randint(lo, hi)
+        own = draw(n)[: max(1, n // scale) if n else 0]
+        workload.append((prefix + own, max(1, output_len // scale), _W3_TEMPERATURE))
     return workload
 
 

@@ -97,6 +97,7 @@ class EngineStats(Protocol):
 
     def on_step(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None: ...
     def on_tokens(self, prompt: int, generation: int) -> None: ...
+    def on_prefix_cache(self, queries: int, hits: int) -> None: ...
     def on_first_token(self, seconds: float) -> None: ...
     def on_inter_token(self, seconds: float) -> None: ...
 
@@ -153,6 +154,9 @@ class AsyncLLM:
         self._flush = False
         self._closed = False
         self.num_aborted = 0  # requests ended by abort (by id, disconnect, timeout)
+        # the scheduler's prefix-cache counters as last reported: stats get the growth since,
+        # so work the engine did before this AsyncLLM (a warm-up) is not counted
+        self._prefix_cache_reported = (engine.scheduler.prefix_cache_queries, engine.scheduler.prefix_cache_hits)
         self._thread = threading.Thread(target=self._run, name="core-runner-engine", daemon=True)
         self._thread.start()
 
@@ -399,6 +403,10 @@ class AsyncLLM:
         sch = self.engine.scheduler
         total = max(1, self.engine.num_blocks)
         self.stats.on_step(len(sch.running), len(sch.waiting), 1.0 - sch.pool.num_free / total)
+        queries, hits = sch.prefix_cache_queries, sch.prefix_cache_hits
+        last_queries, last_hits = self._prefix_cache_reported
+        self._prefix_cache_reported = (queries, hits)
+        self.stats.on_prefix_cache(queries - last_queries, hits - last_hits)
 
 
 def _set(fut: asyncio.Future, res: Any, err: BaseException | None) -> None:

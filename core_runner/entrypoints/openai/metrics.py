@@ -33,6 +33,11 @@ class PrometheusStats:
                                registry=r).labels(model_name)
         self._gen = Counter("vllm:generation_tokens", "Generation tokens processed.", labels,
                             registry=r).labels(model_name)
+        self._pc_queries = Counter("vllm:prefix_cache_queries",
+                                   "Prefix cache queries, in terms of number of queried tokens.", labels,
+                                   registry=r).labels(model_name)
+        self._pc_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                                labels, registry=r).labels(model_name)
         self._ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.", labels,
                                buckets=_TTFT_BUCKETS, registry=r).labels(model_name)
         self._itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", labels,
@@ -48,6 +53,12 @@ class PrometheusStats:
             self._prompt.inc(prompt)
         if generation:
             self._gen.inc(generation)
+
+    def on_prefix_cache(self, queries: int, hits: int) -> None:
+        if queries:
+            self._pc_queries.inc(queries)
+        if hits:
+            self._pc_hits.inc(hits)
 
     def on_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)
