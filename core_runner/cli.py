@@ -13,7 +13,8 @@ from typing import Sequence
 # engine flags whose default (None) means "as LLM() chooses"; forwarded only when given
 _ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config", "revision",
-                 "tokenizer_revision", "tensor_parallel_size", "nnodes", "master_addr", "master_port")
+                 "tokenizer_revision", "tensor_parallel_size", "nnodes", "master_addr", "master_port",
+                 "speculative_config")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -72,6 +73,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--master-addr", default=None, help="node 0's address for the rendezvous (default: 127.0.0.1)")
     p.add_argument("--master-port", type=int, default=None,
                    help="rendezvous port on node 0 (default: a free one; required with --nnodes > 1)")
+    p.add_argument("--speculative-config", type=json.loads, default=None,
+                   help="vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' (default: off)")
     p.add_argument("--strict", action="store_true", help="turn every plan downgrade and plugin fault into an error")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the chosen defaults)")
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
+from typing import Any
+
+from core_runner.speculative_config import SpeculativeConfig
 
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
 _KERNELS = (None, "torch", "triton")
@@ -123,7 +126,9 @@ class EngineConfig:
     ``master_addr`` / ``master_port`` (vLLM's names) spread the ranks over nodes: this
     engine is node 0, the others run ``core-runner serve --headless``; ``master_port`` None
     picks a free port on one node and is required with several. ``pipeline_parallel_size``
-    keeps vLLM's name; only 1 is implemented. ``trust_remote_code`` exists so that vLLM
+    keeps vLLM's name; only 1 is implemented. ``speculative_config`` (vLLM's dict, parsed
+    into a ``SpeculativeConfig``) turns on speculative decoding for families declaring
+    ``speculative_decoding``. ``trust_remote_code`` exists so that vLLM
     scripts passing False run unchanged; True is refused, since core-runner never runs
     a checkpoint's own Python code (a model family is a plugin).
     """
@@ -158,6 +163,7 @@ class EngineConfig:
     master_addr: str = "127.0.0.1"
     master_port: int | None = None
     trust_remote_code: bool = False
+    speculative_config: Any = None
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -216,6 +222,7 @@ class EngineConfig:
             if v is not None and (not isinstance(v, str) or not v.strip()):
                 raise bad(name, v, "expected None (the default branch) or a branch, tag or commit name")
         self._check_parallel(bad)
+        object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         if self.trust_remote_code is not False:
             raise bad("trust_remote_code", self.trust_remote_code,
                       "expected False: core-runner never runs a checkpoint's own code; its architecture needs a "

@@ -39,6 +39,7 @@ class ExecutionPlan:
     chunked_prefill: bool
     downgrades: tuple[str, ...] = field(default=())
     prefix_caching: bool = False
+    num_speculative_tokens: int = 0  # k > 0: decoding requests verify k proposed tokens per step
 
 
 def check_quantization(hf_config: Any, reg: Registration) -> None:
@@ -139,8 +140,23 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
             downgrade("async scheduling", f"{reg.architecture} declares async_scheduling {cap.state}")
     else:
         async_sched = bool(config.async_scheduling)
+    spec = config.speculative_config
+    if spec is not None:
+        cap = reg.capability("speculative_decoding")
+        if not cap.supported:
+            raise UnsupportedError(
+                f"speculative_config (method {spec.method!r}) needs the speculative_decoding capability, which "
+                f"{reg.architecture} declares {cap.state}{': ' + cap.reason if cap.reason else ''}; leave "
+                "speculative_config=None"
+            )
+        if async_sched:
+            # the scheduler must know how many proposed tokens were accepted before it plans
+            # the next step; the one-step-ahead (zero-sync) path is not implemented yet
+            downgrade("async scheduling", "speculative decoding runs with synchronous scheduling")
+            async_sched = False
     return ExecutionPlan(attention, kernels, graphs, async_sched, chunk.supported, tuple(downgrades),
-                         prefix_caching=prefix_caching)
+                         prefix_caching=prefix_caching, num_speculative_tokens=spec.num_speculative_tokens
+                         if spec is not None else 0)
 
 
 def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on_cuda: bool, interpret: bool,

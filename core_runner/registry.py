@@ -25,6 +25,9 @@ CAPABILITIES = (
     "tensor_parallel",
     # its MoE layers can hold whole experts per rank (enable_expert_parallel=True)
     "expert_parallel",
+    # steps that verify k proposed tokens per request (speculative_config); a family whose
+    # per-row state cannot be rolled back to the accepted prefix must not declare it
+    "speculative_decoding",
 )
 STATES = ("supported", "unsupported", "xfail")
 

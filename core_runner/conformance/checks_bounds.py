@@ -179,6 +179,9 @@ def unsupported_capability_refused(ctx: Ctx) -> None:
     elif cap == "tensor_parallel":
         expect_raises(lambda: ctx.engine(tensor_parallel_size=2), UnsupportedError,
                       f"{what}: tensor_parallel_size=2", match="tensor_parallel")
+    elif cap == "speculative_decoding":
+        expect_raises(lambda: ctx.engine(speculative_config={"method": "ngram", "num_speculative_tokens": 2}),
+                      UnsupportedError, f"{what}: speculative_config", match="speculative_decoding capability")
     elif cap == "expert_parallel":
         expect_raises(lambda: ctx.engine(tensor_parallel_size=2, enable_expert_parallel=True), UnsupportedError,
                       f"{what}: enable_expert_parallel=True", match="_parallel capability")

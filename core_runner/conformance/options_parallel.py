@@ -57,3 +57,29 @@ def _master_port(ctx: Ctx) -> str:
     expect_raises(lambda: ctx.engine(master_port=None, nnodes=2, tensor_parallel_size=2), ValueError,
                   "nnodes=2 without master_port", match="master_port")
     return text + "; rejects nnodes=2 without a master_port"
+
+
+@probe("speculative_config")
+def _speculative_config(ctx: Ctx) -> str:
+    from core_runner.conformance.harness import greedy, run
+
+    text = _rejects(ctx, "speculative_config={'method': 'medusa'}",
+                    speculative_config={"method": "medusa", "num_speculative_tokens": 2})
+    text += "; " + _rejects(ctx, "num_speculative_tokens=0",
+                            speculative_config={"method": "ngram", "num_speculative_tokens": 0})
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}
+    if not _declared(ctx, "speculative_decoding"):
+        expect_raises(lambda: ctx.engine(speculative_config=spec), UnsupportedError,
+                      "speculative_config with speculative_decoding undeclared", match="speculative_decoding")
+        return text + "; refuses ngram by the capability's name (speculative_decoding not declared)"
+    prompt = (ctx.ref.prompts([4], seed=3)[0] * 4)[:16]  # repetitive: the n-gram finds proposals
+    want = run(ctx.engine(), [("a", prompt, greedy(6))])["a"].token_ids
+    e = ctx.engine(speculative_config=spec)
+    got = run(e, [("a", prompt, greedy(6))])["a"]
+    if got.token_ids != want or not e.scheduler.spec_num_draft_tokens:
+        from core_runner.conformance.harness import fail
+
+        fail(f"ngram speculation gave {got.token_ids} (without: {want}) with "
+             f"{e.scheduler.spec_num_draft_tokens} tokens proposed")
+    return text + f"; ngram proposes ({got.num_draft_tokens} proposed, {got.num_accepted_tokens} accepted) and " \
+                  "keeps the greedy tokens"

@@ -98,6 +98,7 @@ class EngineStats(Protocol):
     def on_step(self, num_running: int, num_waiting: int, kv_cache_usage: float) -> None: ...
     def on_tokens(self, prompt: int, generation: int) -> None: ...
     def on_prefix_cache(self, queries: int, hits: int) -> None: ...
+    def on_spec_decode(self, drafts: int, draft_tokens: int, accepted_tokens: int) -> None: ...
     def on_first_token(self, seconds: float) -> None: ...
     def on_inter_token(self, seconds: float) -> None: ...
 
@@ -157,6 +158,7 @@ class AsyncLLM:
         # the scheduler's prefix-cache counters as last reported: stats get the growth since,
         # so work the engine did before this AsyncLLM (a warm-up) is not counted
         self._prefix_cache_reported = (engine.scheduler.prefix_cache_queries, engine.scheduler.prefix_cache_hits)
+        self._spec_reported = _spec_counts(engine.scheduler)
         self._thread = threading.Thread(target=self._run, name="core-runner-engine", daemon=True)
         self._thread.start()
 
@@ -407,6 +409,15 @@ class AsyncLLM:
         last_queries, last_hits = self._prefix_cache_reported
         self._prefix_cache_reported = (queries, hits)
         self.stats.on_prefix_cache(queries - last_queries, hits - last_hits)
+        spec, last = _spec_counts(sch), self._spec_reported
+        self._spec_reported = spec
+        if spec != last:
+            self.stats.on_spec_decode(*(a - b for a, b in zip(spec, last)))
+
+
+def _spec_counts(sch: Any) -> tuple[int, int, int]:
+    """The scheduler's speculative-decoding counters: steps that verified, proposed, accepted."""
+    return sch.spec_num_drafts, sch.spec_num_draft_tokens, sch.spec_num_accepted_tokens
 
 
 def _set(fut: asyncio.Future, res: Any, err: BaseException | None) -> None:

@@ -111,6 +111,7 @@ class InputProcessor:
             req_id=req_id if req_id is not None else self.next_request_id(), prompt_token_ids=ids,
             sampling_params=params, seed=seed, eos_token_ids=self.eos_token_ids, pooling_params=pooling_params,
             prompt=prompt_text(prompt), prefix_cacheable=prefix_cacheable(params, pooling_params),
+            speculative=speculative(params),
         )
 
     # ---- prompts ------------------------------------------------------------------
@@ -223,3 +224,15 @@ def prefix_cacheable(params: SamplingParams | None, pooling: PoolingParams | Non
     if params is not None and params.prompt_logprobs is not None:
         return False
     return pooling is None or pooling.pooling_type == "last"
+
+
+def speculative(params: SamplingParams | None) -> bool:
+    """Whether a request's tokens may be verified several at a time (speculative decoding):
+    its sampling must be a function of the position alone. Penalties and min_tokens depend
+    on the tokens generated before each position, logprobs are reported per sampled token
+    by a path that samples one position per request, and pooling samples nothing; such a
+    request decodes one token per step (reported by ``RequestOutput.num_draft_tokens`` 0)."""
+    if params is None:
+        return False
+    return (params.repetition_penalty == 1.0 and params.frequency_penalty == 0.0 and params.presence_penalty == 0.0
+            and not params.logit_bias and params.min_tokens == 0 and params.logprobs is None)

@@ -70,6 +70,7 @@ class OutputProcessor:
             prompt_logprobs=prompt_logprobs, outputs=[completion], finished=req.is_finished,
             seed=req.seed, num_preemptions=req.num_preemptions, first_token_time=req.first_token_time,
             finish_time=req.finish_time, num_cached_tokens=req.num_cached_tokens,
+            num_draft_tokens=req.num_draft_tokens, num_accepted_tokens=req.num_accepted_tokens,
         )
 
     def _records(self, entry: dict[int, float], chosen: int, chosen_rank: int | None) -> dict[int, Logprob]:

@@ -69,6 +69,9 @@ class RequestOutput:
     num_cached_tokens: int = 0
     seed: int | None = None
     num_preemptions: int = 0
+    # speculative decoding: tokens proposed for the request and of them accepted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
 

@@ -53,6 +53,11 @@ class Request:
     block_hashes: list = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
+    # speculative decoding: whether the request may verify proposals, and its counts of
+    # proposed and accepted tokens
+    speculative: bool = False
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
 
     def __post_init__(self) -> None:
         sp = self.sampling_params

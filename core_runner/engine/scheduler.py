@@ -45,6 +45,7 @@ class Scheduler:
     def __init__(
         self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
         block_size: int, num_blocks: int, chunked_prefill: bool = True, enable_prefix_caching: bool = False,
+        num_speculative_tokens: int = 0,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
@@ -57,6 +58,12 @@ class Scheduler:
         # (vLLM's prefix_cache_queries / prefix_cache_hits)
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        # speculative decoding: proposals per decoding request and step (0: off), and the
+        # counts behind vLLM's spec_decode metrics (steps that verified, proposed, accepted)
+        self.num_spec = num_speculative_tokens
+        self.spec_num_drafts = 0
+        self.spec_num_draft_tokens = 0
+        self.spec_num_accepted_tokens = 0
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -151,11 +158,19 @@ class Scheduler:
         out.num_scheduled_tokens[rid] = n
         out.num_computed_tokens[rid] = req.num_computed_tokens
         req.num_computed_tokens += n
-        if req.num_computed_tokens == num_tokens:
+        if req.num_computed_tokens >= num_tokens:  # past it: verifying proposals
             req.num_pending += 1
             out.sample_req_ids.add(rid)
         if self.caching:
             self._cache_blocks(req)
+
+    def _spec_tokens(self, req: Request, n: int, num_tokens: int, budget: int) -> int:
+        """Proposals a decoding request verifies this step: up to num_speculative_tokens, no
+        more than its output, max_model_len and the step budget leave room for."""
+        if n != 1 or not req.speculative or req.num_pending or not req.output_token_ids:
+            return 0
+        room_out = req.sampling_params.max_tokens - len(req.output_token_ids) - 1
+        return max(0, min(self.num_spec, budget - 1, room_out, self.max_model_len - 1 - num_tokens))
 
     def _cache_blocks(self, req: Request) -> None:
         """Register the request's blocks that are full of computed KV and known tokens."""
@@ -211,19 +226,22 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            new_blocks = self._grow(req, n)
+            k = self._spec_tokens(req, n, num_tokens, budget) if self.num_spec else 0
+            new_blocks = self._grow(req, n + k)
             while new_blocks is None:
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is req:
                     break
-                new_blocks = self._grow(req, n)
+                new_blocks = self._grow(req, n + k)
             if new_blocks is None:
                 break
             if new_blocks:
                 out.new_block_ids[req.req_id] = new_blocks
-            self._commit(req, n, num_tokens, out)
-            budget -= n
+            if k:
+                out.spec_token_counts[req.req_id] = k
+            self._commit(req, n + k, num_tokens, out)
+            budget -= n + k
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
@@ -245,7 +263,7 @@ class Scheduler:
                 sampling_params=req.sampling_params, seed=req.seed, block_ids=list(req.block_ids),
                 pooling_params=req.pooling_params, eos_token_ids=req.eos_token_ids,
                 prompt_logprobs_start=len(req.prompt_logprobs) if req.prompt_logprobs is not None else 1,
-                num_computed_tokens=req.num_computed_tokens,
+                num_computed_tokens=req.num_computed_tokens, speculative=req.speculative and self.num_spec > 0,
             ))
             self._commit(req, n, req.num_tokens, out)
             budget -= n
@@ -280,14 +298,29 @@ class Scheduler:
                 self._finish(req, "error")
                 finished.append(req)
                 continue
-            req.output_token_ids.append(token)
-            if req.logprobs is not None:
-                entry, rank = result.logprobs[req_id]
-                req.logprobs.append(entry)
-                req.logprob_ranks.append(rank)
-            if req.first_token_time is None:
-                req.first_token_time = time.perf_counter()
-            reason = self._stop_reason(req, token)
+            tokens = [token]
+            k = out.spec_token_counts.get(req_id, 0)
+            if k:
+                kept = result.spec_token_ids.get(req_id, [])
+                tokens = kept + tokens
+                req.num_computed_tokens -= k - len(kept)  # rejected proposals' slots are rewritten
+                req.num_draft_tokens += k
+                req.num_accepted_tokens += len(kept)
+                self.spec_num_drafts += 1
+                self.spec_num_draft_tokens += k
+                self.spec_num_accepted_tokens += len(kept)
+            reason = None
+            for token in tokens:
+                req.output_token_ids.append(token)
+                if req.logprobs is not None:
+                    entry, rank = result.logprobs[req_id]
+                    req.logprobs.append(entry)
+                    req.logprob_ranks.append(rank)
+                if req.first_token_time is None:
+                    req.first_token_time = time.perf_counter()
+                reason = self._stop_reason(req, token)
+                if reason is not None:
+                    break
             if reason is not None:
                 self._finish(req, reason)
                 finished.append(req)

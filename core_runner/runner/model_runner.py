@@ -23,6 +23,7 @@ from core_runner.runner.async_output import AsyncOutput
 from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManager, GraphKey
 from core_runner.runner.output import ModelRunnerOutput
 from core_runner.runner.request_state import RequestState
+from core_runner.runner.spec_decode import SpecExtra, accept, propose_ngram, verification_view, write_proposals
 from core_runner.sample import SamplerOutput, SamplingState, sample
 from core_runner.sample.logprobs import StepLogprobs
 from core_runner.step_data.input_batch import InputBatch, InputBuffers
@@ -64,6 +65,9 @@ class ModelRunner:
         # called with (req_ids, logits) of every real step (core_runner.engine.debug)
         self.logits_hooks: list[Callable[[list[str], torch.Tensor], None]] = []
         self.num_dummy_runs = 0
+        # speculative decoding: the proposer's settings and the rows it proposes for
+        self.spec = config.speculative_config
+        self.spec_rows: set[int] = set()
 
     # ---- memory -------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -94,6 +98,8 @@ class ModelRunner:
             row = self.req_state.add(new)
             self.sampling.add_request(row, new)
             self.model_state.add_request(row, new)
+            if new.speculative and self.spec is not None:
+                self.spec_rows.add(row)
         # 3. block-table appends, then every staged write at once
         for req_id, block_ids in out.new_block_ids.items():
             self.req_state.append_blocks(self.req_state.req_id_to_row[req_id], block_ids)
@@ -108,7 +114,10 @@ class ModelRunner:
         rows = [self.req_state.req_id_to_row[r] for r in req_ids]
         q_lens = [sched[r] for r in req_ids]
         computed = [out.num_computed_tokens[r] for r in req_ids]
-        return self._run(self._build_batch(req_ids, rows, q_lens, computed))
+        batch = self._build_batch(req_ids, rows, q_lens, computed)
+        if out.spec_token_counts:
+            batch.spec_counts = [out.spec_token_counts.get(r, 0) for r in req_ids]
+        return self._run(batch)
 
     def _remove(self, req_ids: set[str] | list[str]) -> None:
         for req_id in req_ids:
@@ -116,6 +125,7 @@ class ModelRunner:
             if row is not None:
                 self.sampling.remove_request(row)
                 self.model_state.remove_request(row)
+                self.spec_rows.discard(row)
 
     def reset_rows(self, req_ids: list[str]) -> None:
         """After a failed step: free these requests' rows now (ids without a row are
@@ -198,6 +208,8 @@ class ModelRunner:
                 self.req_state.tables()["num_computed"].index_add_(0, batch.idx_mapping[:n].long(), num_sched)
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, [], pooled))
         # 8. logits of the real rows, sampling, logprobs
+        if batch.spec_counts is not None and not batch.is_dummy:
+            return self._run_verification(batch, hidden, num_sched)
         logits = self.model.compute_logits(hidden[batch.logits_indices[:n]])
         if not batch.is_dummy:
             for hook in self.logits_hooks:
@@ -208,10 +220,15 @@ class ModelRunner:
         sampled = self.tp_group.broadcast(out.sampled, src=0)
         if batch.is_dummy:
             return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, []))
-        tables = self.req_state.tables()
         prompt = self.sampling.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, self.sampler_triton)
         # 9. post-update on the device, 10. family post-processing, async copy-out
-        idx = batch.idx_mapping[:n]
+        self._post_update(batch, num_sched, sampled)
+        extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
+        return AsyncOutput(batch.req_ids, self._flag_non_finite(logits, sampled), None, self.copy_stream, extra)
+
+    def _post_update(self, batch: InputBatch, num_sched: torch.Tensor, sampled: torch.Tensor) -> None:
+        tables = self.req_state.tables()
+        idx = batch.idx_mapping[: batch.num_reqs]
         post_args = (idx, num_sched, sampled, tables["num_computed"], tables["num_tokens"], tables["token_ids"])
         if self.triton:
             from core_runner.kernels.input_prep_triton import post_update_triton
@@ -220,13 +237,51 @@ class ModelRunner:
         else:
             post_update_ref(*post_args)
         self.model_state.postprocess_state(batch, sampled)
-        extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
-        # A row whose sampled token has a NaN / inf logit (fp16 overflow makes the whole row
-        # NaN) reaches the host as -1 - token, which the scheduler finishes with "error";
-        # the device keeps the plain token. O(rows) and no sync: the flag rides the copy.
+        if self.spec is not None:
+            self._propose(batch)
+
+    @staticmethod
+    def _flag_non_finite(logits: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
+        """A row whose sampled token has a NaN / inf logit (fp16 overflow makes the whole row
+        NaN) reaches the host as -1 - token, which the scheduler finishes with "error"; the
+        device keeps the plain token. O(rows) and no sync: the flag rides the copy."""
         bad = ~torch.isfinite(logits.gather(1, sampled.view(-1, 1).long()).view(-1))
-        host = torch.where(bad, -1 - sampled, sampled)
-        return AsyncOutput(batch.req_ids, host, None, self.copy_stream, extra)
+        return torch.where(bad, -1 - sampled, sampled)
+
+    def _run_verification(self, batch: InputBatch, hidden: torch.Tensor, num_sched: torch.Tensor) -> AsyncOutput:
+        """A step in which some requests verify proposals (see ``runner/spec_decode.py``)."""
+        n = batch.num_reqs
+        v = verification_view(batch, batch.spec_counts)
+        logits = self.model.compute_logits(hidden[v.logits_indices])
+        out = self._sample(v.view, logits)
+        sampled_all = self.tp_group.broadcast(out.sampled, src=0)
+        tables = self.req_state.tables()
+        idx = batch.idx_mapping[:n]
+        accepted, final, target = accept(sampled_all, v, idx.long(), tables["num_tokens"], tables["token_ids"])
+        final_logits = logits[v.first + accepted]
+        for hook in self.logits_hooks:
+            hook(batch.req_ids, final_logits)
+        prompt = self.sampling.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, self.sampler_triton)
+        # the kept proposals are already in the token table: count them as known, then the
+        # usual update appends the sampled token after them
+        counts = torch.tensor(batch.spec_counts, device=accepted.device)
+        tables["num_tokens"].index_add_(0, idx.long(), accepted.to(tables["num_tokens"].dtype))
+        self._post_update(batch, (num_sched - counts + accepted).to(num_sched.dtype), final)
+        inner = StepLogprobs.collect(v.view.req_ids, out.logprobs, out.logprob_rows, prompt)
+        extra = SpecExtra(batch.req_ids, batch.spec_counts, target, accepted, inner)
+        return AsyncOutput(batch.req_ids, self._flag_non_finite(final_logits, final), None, self.copy_stream, extra)
+
+    def _propose(self, batch: InputBatch) -> None:
+        """n-gram proposals for the batch's speculating rows, written after their known tokens."""
+        rows = [r for r in batch.idx_mapping_cpu[: batch.num_reqs].tolist() if r in self.spec_rows]
+        if not rows:
+            return
+        tables = self.req_state.tables()
+        dev = torch.tensor(rows, device=self.device)
+        s = self.spec
+        proposals = propose_ngram(tables["token_ids"], dev, tables["num_tokens"], s.num_speculative_tokens,
+                                  s.prompt_lookup_min, s.prompt_lookup_max)
+        write_proposals(tables["token_ids"], dev, tables["num_tokens"], proposals)
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor) -> SamplerOutput:
         return sample(logits, batch, self.sampling, self.sampler_triton)

@@ -21,6 +21,8 @@ class ModelRunnerOutput:
     pooled: list[torch.Tensor | None] = field(default_factory=list)
     logprobs: dict[str, tuple[dict[int, float], int]] = field(default_factory=dict)
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
+    # speculative decoding: the proposals each verifying request kept, before its sampled token
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
 
 
 EMPTY_OUTPUT = ModelRunnerOutput([], [])

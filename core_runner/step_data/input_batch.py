@@ -35,6 +35,8 @@ class InputBatch:
     num_reqs_padded: int = 0  # tensors are sized for the padded batch (CUDA graphs)
     num_tokens_padded: int = 0
     graph_key: object | None = None
+    # speculative decoding: proposals each request verifies this step (None: no request does)
+    spec_counts: list[int] | None = None
 
 
 class InputBuffers:

@@ -30,6 +30,8 @@ class NewRequest:
     # tokens whose KV is already in ``block_ids`` (a prefix-cache hit): the first step
     # computes from here
     num_computed_tokens: int = 0
+    # speculative decoding: its settings allow verifying proposals (the runner proposes for it)
+    speculative: bool = False
 
 
 @dataclass(slots=True)
@@ -45,6 +47,8 @@ class SchedulerOutput:
     sample_req_ids: set[str] = field(default_factory=set)
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # speculative decoding: proposals each request verifies this step (scheduled 1 + k tokens)
+    spec_token_counts: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

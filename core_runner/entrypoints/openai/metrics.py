@@ -38,6 +38,11 @@ class PrometheusStats:
                                    registry=r).labels(model_name)
         self._pc_hits = Counter("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
                                 labels, registry=r).labels(model_name)
+        self._spec = [Counter(name, doc, labels, registry=r).labels(model_name) for name, doc in (
+            ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+            ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+        )]
         self._ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token in seconds.", labels,
                                buckets=_TTFT_BUCKETS, registry=r).labels(model_name)
         self._itl = Histogram("vllm:inter_token_latency_seconds", "Inter-token latency in seconds.", labels,
@@ -59,6 +64,11 @@ class PrometheusStats:
             self._pc_queries.inc(queries)
         if hits:
             self._pc_hits.inc(hits)
+
+    def on_spec_decode(self, drafts: int, draft_tokens: int, accepted_tokens: int) -> None:
+        for counter, n in zip(self._spec, (drafts, draft_tokens, accepted_tokens)):
+            if n:
+                counter.inc(n)
 
     def on_first_token(self, seconds: float) -> None:
         self._ttft.observe(seconds)

@@ -27,6 +27,8 @@ def register_models(registry):
             # built from the column-/row-parallel layers (model.py), so it splits across ranks
             "tensor_parallel": "supported",
             "expert_parallel": "unsupported",  # dense: no MoE layers
+            # rejected proposals' KV slots are simply rewritten: nothing else to roll back
+            "speculative_decoding": "supported",
         },
         reference="transformers:LlamaForCausalLM",
         examples=[

@@ -17,6 +17,7 @@ CAPABILITIES = {
     # cache replicated); the routed experts split or distributed by FusedMoE
     "tensor_parallel": "supported",
     "expert_parallel": "supported",
+    "speculative_decoding": "supported",
 }
 
 TINY = dict(

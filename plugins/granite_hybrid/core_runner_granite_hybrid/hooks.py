@@ -17,6 +17,9 @@ CAPABILITIES = {
     "tensor_parallel": "supported",
     # whole experts per rank (the plugin's own Experts class)
     "expert_parallel": "supported",
+    # the Mamba layers' recurrent state would have to return to the accepted prefix after
+    # a rejection (per-position state snapshots), which is not kept
+    "speculative_decoding": "unsupported",
 }
 
 # mamba_n_groups=1: transformers 5.17 (the GPU image's reference; 5.24 is fixed) ignores the groups

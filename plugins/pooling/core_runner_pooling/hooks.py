@@ -18,6 +18,7 @@ BERT_CAPABILITIES = {
     # the same all-reduced hidden states
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers
+    "speculative_decoding": "unsupported",  # embeds: generates no tokens
 }
 
 QWEN3_EMBED_CAPABILITIES = {
@@ -31,6 +32,7 @@ QWEN3_EMBED_CAPABILITIES = {
     # the decoder stack is core-runner-qwen3's, split across ranks by its layers
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # dense: no MoE layers
+    "speculative_decoding": "unsupported",  # embeds: generates no tokens
 }
 
 TINY_BERT = dict(

@@ -10,6 +10,7 @@ CAPABILITIES = {
     "triton_attention": "supported",
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers
+    "speculative_decoding": "supported",
 }
 MOE_CAPABILITIES = {**CAPABILITIES, "expert_parallel": "supported"}
 
