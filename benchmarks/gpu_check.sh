@@ -11,6 +11,8 @@
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
+#   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
+#   best      W1 W2 with --best-settings (the defaults must reach 90% of these)     -> qwen_best.json
 # Everything printed also goes to bench.log; at most 8 files come back from the device.
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [STAGE ...] [--quick] [--peer W1 W2] [--family-peer]}
@@ -77,6 +79,14 @@ for s in "${STAGES[@]}"; do
       timeout 400 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W2 --num-requests ${W2_PEER_N:-4} \
         --peer W2 --peer-timeout ${PEER_TIMEOUT:-200} --json "$LOG/deepseek_w2peer.json" 2>&1 | tee -a "$LOG/bench.log" \
         | grep -v Warning | tail -20;;
+    w3)
+      say W3 prefix cache on vs off
+      timeout 480 python3 -m core_runner.cli bench --workload W3 --prefix-caching on off "${N[@]}" \
+        --json "$LOG/w3.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    best)
+      say qwen W1 W2 best settings
+      timeout 480 python3 -m core_runner.cli bench --workload W1 W2 --best-settings "${N[@]}" \
+        --json "$LOG/qwen_best.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
     embedprof)
       say embed host profile
       timeout 120 python3 -m cProfile -s tottime -m core_runner.cli bench --embed --model .minilm16 --num-requests 2048 \
