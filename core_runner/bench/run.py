@@ -7,6 +7,7 @@ prefix cache's hits; ``--prefix-caching on off`` runs each workload with the cac
 off, and compares the two (W3 is the workload built for it)."""
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -283,6 +284,9 @@ def _bench_workload(model: str, name: str, args, opts: dict, source: str, prefix
         res["ratio_to_roofline"] = res["output_tok_s"] / roof
     llm.engine.shutdown()  # a tensor-parallel engine's group must go before the next one
     del llm
+    # the engine's parts refer to each other (engine.debug, hooks): only the cycle collector
+    # frees them, and the next engine sizes its KV pool from the memory left
+    gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return res

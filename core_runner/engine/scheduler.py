@@ -161,7 +161,7 @@ class Scheduler:
         if req.num_computed_tokens >= num_tokens:  # past it: verifying proposals
             req.num_pending += 1
             out.sample_req_ids.add(rid)
-        if self.caching:
+        if self.caching and req.num_computed_tokens >= (req.num_cached_blocks + 1) * self.block_size:
             self._cache_blocks(req)
 
     def _spec_tokens(self, req: Request, n: int, num_tokens: int, budget: int) -> int:
@@ -324,7 +324,7 @@ class Scheduler:
             if reason is not None:
                 self._finish(req, reason)
                 finished.append(req)
-            elif self.caching and req.status == RequestStatus.RUNNING:
+            elif self.caching and req.num_computed_tokens >= (req.num_cached_blocks + 1) * self.block_size:
                 self._cache_blocks(req)
         return finished
 
