@@ -29,7 +29,7 @@ class Check:
 
 def _c(id: str, scope: str, func: str, statement: str, **kw) -> Check:
     group = {"REG": "registration", "STATE": "state", "EQ": "equivalence", "BOUND": "bounds",
-             "TP": "equivalence"}[id.split("-")[1]]
+             "TP": "equivalence", "SPEC": "equivalence"}[id.split("-")[1]]
     if group == "registration":
         kw.setdefault("task", None)
     return Check(id=id, group=group, scope=scope, statement=statement, func=func, **kw)
@@ -119,6 +119,16 @@ CHECKS: tuple[Check, ...] = (
        "logits within 1e-4 (float32) as tensor_parallel_size=1, under chunked prefill and a forced preemption "
        "(embeddings within 1e-4 for a pooling model).",
        capability="tensor_parallel", task=None),
+    _c("CR-SPEC-01", "example", "checks_spec:speculation_equals_plain_decoding",
+       "With n-gram speculation (3 proposals a step, lookup 1..3 tokens), greedy tokens equal those without it "
+       "and the reference's, and seeded sampled requests (top_p 0.9, temperature 0.8 and 0.1) give the same "
+       "tokens, with the logits of every output token within 1e-4, for repetitive prompts (proposals accepted) "
+       "and random ones (mostly rejected), under chunked prefill and a forced preemption mid-decode; proposals "
+       "were made, some accepted and some rejected.", capability="speculative_decoding"),
+    _c("CR-SPEC-02", "example", "checks_spec:reused_row_after_speculation_is_fresh",
+       "A row reused after a speculative request behaves as fresh: greedy and seeded requests that take it give "
+       "the same tokens, and logits within 1e-4 at every output token, as in a fresh engine.",
+       capability="speculative_decoding"),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),
