@@ -12,6 +12,7 @@
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
+#   smoke     fp8 kernel tests + quantization mismatches, prefix cache / ngram equality on CUDA
 #   best      W1 W2 with --best-settings (the defaults must reach 90% of these)     -> qwen_best.json
 # Everything printed also goes to bench.log; at most 8 files come back from the device.
 set -uo pipefail
@@ -87,6 +88,12 @@ for s in "${STAGES[@]}"; do
       say qwen W1 W2 best settings
       timeout 480 python3 -m core_runner.cli bench --workload W1 W2 --best-settings "${N[@]}" \
         --json "$LOG/qwen_best.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    smoke)
+      say smoke: fp8 quantization, prefix caching and ngram speculation on CUDA
+      timeout 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels/test_fp8_block_matmul.py \
+        2>&1 | tail -4 | tee -a "$LOG/bench.log"
+      timeout 60 python3 benchmarks/fp8_debug.py 2>&1 | tail -12 | tee -a "$LOG/bench.log"
+      timeout 240 python3 benchmarks/feature_smoke.py 2>&1 | grep -v Writing | tail -8 | tee -a "$LOG/bench.log";;
     embedprof)
       say embed host profile
       timeout 120 python3 -m cProfile -s tottime -m core_runner.cli bench --embed --model .minilm16 --num-requests 2048 \

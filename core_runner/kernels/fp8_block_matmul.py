@@ -29,7 +29,10 @@ def per_token_group_quant_fp8_ref(x: torch.Tensor, group: int) -> tuple[torch.Te
     groups = -(-k // group)
     padded = torch.zeros(m, groups * group, dtype=torch.float32, device=x.device)
     padded[:, :k] = x.float()
-    scale = (padded.view(m, groups, group).abs().amax(-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    amax = padded.view(m, groups, group).abs().amax(-1)
+    # a tensor divisor: torch divides by a Python scalar on CUDA as a multiplication by its
+    # reciprocal, which is not the IEEE quotient the kernel (and the CPU) computes
+    scale = (amax / torch.full_like(amax, FP8_MAX)).clamp(min=MIN_SCALE)
     full = scale.repeat_interleave(group, dim=1)[:, :k]
     return (x.float() / full).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
 

@@ -31,6 +31,19 @@ from core_runner.quantization.fp8 import FP8_MAX, expected_scale_shape
 
 
 @triton.jit
+def _round_e4m3(x):
+    """``x`` (float32, |x| <= 448) rounded to the nearest float8 e4m3 value, ties to even,
+    in float32 bits: the cast alone may go through float16 and round twice (151.99998 ->
+    152.0 -> 160 instead of 144). Normal values keep 3 mantissa bits; below 2^-6 the grid
+    is the subnormals' 2^-9."""
+    bits = x.to(tl.int32, bitcast=True)
+    lsb = (bits >> 20) & 1
+    normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)
+    sub = (x + 24576.0) - 24576.0  # the ulp of 1.5 * 2^14 is 2^-9: the add rounds to that grid, ties to even
+    return tl.where(tl.abs(x) < 0.015625, sub, normal)
+
+
+@triton.jit
 def _group_quant_kernel(x_ptr, q_ptr, s_ptr, k, s_x, s_q, s_s, GROUP: tl.constexpr, FP8MAX: tl.constexpr,
                         MINS: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -39,9 +52,8 @@ def _group_quant_kernel(x_ptr, q_ptr, s_ptr, k, s_x, s_q, s_s, GROUP: tl.constex
     mask = cols < k
     x = tl.load(x_ptr + row * s_x + cols, mask=mask, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), FP8MAX), MINS)
-    q = tl.clamp(tl.math.div_rn(x, scale), -FP8MAX, FP8MAX)
-    # round to nearest even, as torch's cast does (named: a downcast's default may differ)
-    tl.store(q_ptr + row * s_q + cols, q.to(q_ptr.dtype.element_ty, fp_downcast_rounding="rtne"), mask=mask)
+    q = _round_e4m3(tl.clamp(tl.math.div_rn(x, scale), -FP8MAX, FP8MAX))
+    tl.store(q_ptr + row * s_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)  # exact: q is on the grid
     tl.store(s_ptr + row * s_s + g, scale)
 
 
