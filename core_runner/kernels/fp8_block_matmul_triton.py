@@ -39,7 +39,10 @@ def _round_e4m3(x):
     bits = x.to(tl.int32, bitcast=True)
     lsb = (bits >> 20) & 1
     normal = ((bits + 0x7FFFF + lsb) & -0x100000).to(tl.float32, bitcast=True)
-    sub = (x + 24576.0) - 24576.0  # the ulp of 1.5 * 2^14 is 2^-9: the add rounds to that grid, ties to even
+    # the ulp of 1.5 * 2^14 is 2^-9: the add rounds |x| to that grid, ties to even; the sign
+    # bit goes back on afterwards so that tiny negatives stay -0.0 as in torch's cast
+    mag = (tl.abs(x) + 24576.0) - 24576.0
+    sub = (mag.to(tl.int32, bitcast=True) | (bits & -0x80000000)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < 0.015625, sub, normal)
 
 
