@@ -310,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the engine's defaults; explicit flags still win")
     b.add_argument("--enforce-eager", action="store_true")
     b.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, help="(default: 1)")
+    b.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"],
+                   help="dummy: random weights, only config.json is read (default: auto)")
+    b.add_argument("--shape", default=None, choices=["qwen3-0.6b", "qwen3-32b"],
+                   help="with --load-format dummy: a config-only model of this shape (no --model)")
     b.add_argument("--enable-expert-parallel", action="store_true")
     b.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps for GPU idle time")
     b.add_argument("--peer", nargs="*", default=None, choices=["W1", "W2"],

@@ -11,6 +11,7 @@ from core_runner.speculative_config import SpeculativeConfig
 _DTYPES = ("float32", "float16", "bfloat16", "auto")
 _KERNELS = (None, "torch", "triton")
 _GENERATION_CONFIGS = ("auto", "vllm")
+_LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _GIB = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
 # A GPU this large holds the batch the bench found best on an H200 (1,024 / 8,192 gave
@@ -128,7 +129,9 @@ class EngineConfig:
     picks a free port on one node and is required with several. ``pipeline_parallel_size``
     keeps vLLM's name; only 1 is implemented. ``speculative_config`` (vLLM's dict, parsed
     into a ``SpeculativeConfig``) turns on speculative decoding for families declaring
-    ``speculative_decoding``. ``trust_remote_code`` exists so that vLLM
+    ``speculative_decoding``. ``load_format`` "auto" / "safetensors" reads the checkpoint (the
+    only format: pickles are refused); "dummy" gives random weights and reads only
+    config.json (benchmarks of shapes without a checkpoint). ``trust_remote_code`` exists so that vLLM
     scripts passing False run unchanged; True is refused, since core-runner never runs
     a checkpoint's own Python code (a model family is a plugin).
     """
@@ -164,6 +167,7 @@ class EngineConfig:
     master_port: int | None = None
     trust_remote_code: bool = False
     speculative_config: Any = None
+    load_format: str = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -223,6 +227,9 @@ class EngineConfig:
                 raise bad(name, v, "expected None (the default branch) or a branch, tag or commit name")
         self._check_parallel(bad)
         object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+        if self.load_format not in _LOAD_FORMATS:
+            raise bad("load_format", self.load_format, f"expected one of {_LOAD_FORMATS} ('dummy': random weights, "
+                      "only config.json is read)")
         if self.trust_remote_code is not False:
             raise bad("trust_remote_code", self.trust_remote_code,
                       "expected False: core-runner never runs a checkpoint's own code; its architecture needs a "

@@ -237,3 +237,30 @@ def test_a_missing_expert_part_of_a_fused_moe(tmp_path):
     load_weights(Qwen3MoeForCausalLM(load_hf_config(tmp_path / "moe")), tmp_path / "moe")
     with pytest.raises(CheckpointError, match=rf"2 tensor\(s\) .*: {re.escape(repr(gone))}"):
         load_weights(Qwen3MoeForCausalLM(load_hf_config(ckpt)), ckpt)
+
+
+def test_dummy_load_format_needs_only_the_config(untied, tmp_path):
+    """load_format='dummy': random weights in vLLM's range, repeatable, norms at 1; a
+    config-only directory is refused by 'auto' and runs with 'dummy'."""
+    import shutil
+
+    from core_runner import LLM
+
+    shutil.copy(Path(untied.path) / "config.json", tmp_path / "config.json")
+    opts = dict(device="cpu", dtype="float32", max_model_len=32, max_num_seqs=2, block_size=4, num_kv_blocks=16)
+    with pytest.raises(FileNotFoundError, match="safetensors"):
+        LLM(str(tmp_path), **opts)
+    a, b = (LLM(str(tmp_path), load_format="dummy", **opts).engine.model for _ in range(2))
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), f"{name}: dummy weights must be repeatable"
+        if p.dim() == 1 and "norm" in name:
+            assert torch.all(p == 1), name
+        else:
+            assert float(p.abs().max()) <= 1e-3 and float(p.std()) > 1e-4, name
+    from core_runner import SamplingParams
+
+    out = LLM(str(tmp_path), load_format="dummy", **opts).generate(
+        [[1, 2, 3]], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 3
+    with pytest.raises(ValueError, match="load_format='pt' is invalid"):
+        LLM(str(tmp_path), load_format="pt", **opts)

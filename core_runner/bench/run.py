@@ -65,6 +65,23 @@ def default_checkpoint(device: str) -> str:
     return str(path)
 
 
+def config_only_checkpoint(shape: str) -> str:
+    """A directory holding only ``shape``'s config.json (Qwen3, bf16), for load_format='dummy':
+    a 32B model's weights would be 64 GB to write."""
+    from core_runner.bench.workloads import QWEN3_32B
+
+    shapes = {"qwen3-0.6b": {}, "qwen3-32b": QWEN3_32B}
+    if shape not in shapes:
+        raise ValueError(f"--shape {shape!r} is unknown: expected one of {sorted(shapes)}")
+    root = Path(os.environ.get("CORE_RUNNER_CACHE", Path.home() / ".cache" / "core-runner"))
+    path = root / f"bench-{shape}-config-only"
+    path.mkdir(parents=True, exist_ok=True)
+    config = qwen3_0p6b_config(**shapes[shape])
+    config.dtype = torch.bfloat16
+    config.save_pretrained(path)
+    return str(path)
+
+
 def copy_bandwidth(device: str, nbytes: int = 2 << 30) -> float:
     """Device-to-device copy bandwidth (bytes read + written per second)."""
     a = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -227,7 +244,11 @@ def bench(args) -> dict:
     """Every workload of ``args.workload`` once per ``--prefix-caching`` mode; results keyed by
     workload, or ``<workload>_prefix_caching_on|off`` and ``..._on_vs_off`` with both modes."""
     device = args.device
-    model = args.model or default_checkpoint(device)
+    load_format = getattr(args, "load_format", None) or "auto"
+    shape = getattr(args, "shape", None)
+    if shape is not None and load_format != "dummy":
+        raise ValueError(f"--shape {shape} builds a config-only model: it needs --load-format dummy")
+    model = args.model or (config_only_checkpoint(shape) if shape else default_checkpoint(device))
     results = {}
     opts, source = engine_settings(args)
     modes = prefix_caching_modes(getattr(args, "prefix_caching", None))
@@ -259,7 +280,8 @@ def _bench_workload(model: str, name: str, args, opts: dict, source: str, prefix
     device = args.device
     llm = LLM(model, device=device, dtype=args.dtype, enforce_eager=args.enforce_eager,
               enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
-              enable_prefix_caching=prefix_caching, **opts)
+              enable_prefix_caching=prefix_caching, load_format=getattr(args, "load_format", None) or "auto",
+              **opts)
     workload = make_workload(name, llm.engine.vocab_size, args.num_requests, scale=getattr(args, "scale", 1))
     res = run_engine(llm, workload, profile_steps=args.profile_steps, keep_outputs=keep_outputs)
     c = llm.config

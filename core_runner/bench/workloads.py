@@ -184,6 +184,12 @@ _QWEN3_EOS = 151645
 _ROPE_THETA = 1_000_000.0
 
 
+# Qwen3-32B's published shape (overrides of the 0.6B one): 64 layers, 64 q / 8 kv heads,
+# hidden 5,120, intermediate 25,600, untied embeddings
+QWEN3_32B = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64,
+                 num_key_value_heads=8, tie_word_embeddings=False, rope_theta=1_000_000.0)
+
+
 def qwen3_0p6b_config(**overrides: Any):
     """A ``transformers.Qwen3Config`` with Qwen3-0.6B's shape; keyword arguments override fields.
 

@@ -107,3 +107,24 @@ def _trust_remote_code(ctx: Ctx) -> str:
     ctx.engine(trust_remote_code=False)
     return "False is accepted (vLLM's default); " + _rejects(
         ctx, "trust_remote_code=True (a checkpoint's code never runs)", trust_remote_code=True)
+
+
+@probe("load_format")
+def _load_format(ctx: Ctx) -> str:
+    """'dummy' needs only config.json: the example's config without its weights builds an
+    engine that generates, which 'auto' refuses (no safetensors file)."""
+    text = _rejects(ctx, "load_format='pt'", load_format="pt")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = Path(ctx.ref.path) / "config.json"
+        (Path(tmp) / "config.json").write_bytes(cfg.read_bytes())
+        from core_runner import LLM
+
+        opts = dict(plugins=ctx.pm, dtype="float32", device="cpu", max_model_len=ctx.max_model_len(32),
+                    max_num_seqs=2, block_size=4, num_kv_blocks=16, strict=False)
+        expect_raises(lambda: LLM(tmp, **opts), FileNotFoundError, "load_format='auto' on a config-only directory",
+                      match="safetensors")
+        e = LLM(tmp, load_format="dummy", **opts).engine
+        out = run(e, [("a", ctx.ref.prompts([4], seed=2)[0], greedy(2))])["a"]
+        if len(out.token_ids) != 2:
+            fail(f"load_format='dummy' generated {out.token_ids}")
+    return "'dummy' runs a config-only directory (random weights) that 'auto' refuses; " + text

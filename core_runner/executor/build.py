@@ -35,7 +35,8 @@ def build_runner(spec: RankSpec) -> ModelRunner:
     spec's ``config.device`` (a worker's spec names its own GPU)."""
     config = spec.config
     model_cls = spec.registration.load_model_class()
-    model = build_model(model_cls, spec.hf_config, spec.dtype, config.device, spec.model_path)
+    model = build_model(model_cls, spec.hf_config, spec.dtype, config.device, spec.model_path,
+                        load_format=config.load_format, seed=config.seed)
     state_cls = spec.registration.load_model_state_class()
     model_state = state_cls(config, model, torch.device(config.device))
     backend = get_backend(spec.plan.attention_backend)

@@ -125,8 +125,10 @@ def load_weights(
 
 def build_model(
     model_cls: type, hf_config: Any, dtype: torch.dtype, device: str, path: str | Path,
-    transform: Transform | None = None,
+    transform: Transform | None = None, load_format: str = "auto", seed: int = 0,
 ) -> nn.Module:
+    """The model on ``device`` in ``dtype`` with the checkpoint's weights, or random ones
+    with ``load_format="dummy"`` (``core_runner.loader.dummy``; no weight file is read)."""
     quantization = quantization_from_config(hf_config)  # an unknown method is refused before allocating
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -135,5 +137,10 @@ def build_model(
             model = model_cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
-    load_weights(model, path, transform, quantization)
+    if load_format == "dummy":
+        from core_runner.loader.dummy import fill_dummy_weights
+
+        fill_dummy_weights(model, seed)
+    else:
+        load_weights(model, path, transform, quantization)
     return model.eval()
