@@ -50,7 +50,7 @@ def test_hash_is_the_same_in_another_process():
 
 # ---- the pool ---------------------------------------------------------------------------
 def test_pool_shares_cached_blocks_and_evicts_least_recently_freed_first():
-    pool = BlockPool(6, enable_caching=True)
+    pool = BlockPool(6)
     a = pool.allocate(3)
     hashes = extend_hashes([], list(range(12)), BS)
     for b, h in zip(a, hashes):
@@ -73,7 +73,7 @@ def test_pool_shares_cached_blocks_and_evicts_least_recently_freed_first():
 
 
 def test_pool_uncache_on_failure_and_duplicate_hashes_keep_the_first_block():
-    pool = BlockPool(4, enable_caching=True)
+    pool = BlockPool(4)
     a, b = pool.allocate(2)
     h = extend_hashes([], [1, 2, 3, 4], BS)[0]
     pool.cache(a, h)

@@ -6,7 +6,7 @@ declared family with tensor_parallel_size > 1 is CR-TP-01's work (checks_paralle
 from __future__ import annotations
 
 from core_runner.conformance.checks_bounds import expect_raises
-from core_runner.conformance.harness import Ctx
+from core_runner.conformance.harness import Ctx, fail, greedy, run
 from core_runner.conformance.options import _rejects, probe
 from core_runner.oracle import UnsupportedError
 
@@ -61,8 +61,6 @@ def _master_port(ctx: Ctx) -> str:
 
 @probe("speculative_config")
 def _speculative_config(ctx: Ctx) -> str:
-    from core_runner.conformance.harness import greedy, run
-
     text = _rejects(ctx, "speculative_config={'method': 'medusa'}",
                     speculative_config={"method": "medusa", "num_speculative_tokens": 2})
     text += "; " + _rejects(ctx, "num_speculative_tokens=0",
@@ -77,8 +75,6 @@ def _speculative_config(ctx: Ctx) -> str:
     e = ctx.engine(speculative_config=spec)
     got = run(e, [("a", prompt, greedy(6))])["a"]
     if got.token_ids != want or not e.scheduler.spec_num_draft_tokens:
-        from core_runner.conformance.harness import fail
-
         fail(f"ngram speculation gave {got.token_ids} (without: {want}) with "
              f"{e.scheduler.spec_num_draft_tokens} tokens proposed")
     return text + f"; ngram proposes ({got.num_draft_tokens} proposed, {got.num_accepted_tokens} accepted) and " \

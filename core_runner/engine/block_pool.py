@@ -1,7 +1,7 @@
 """The pool of KV-cache block ids shared by every paged layer, with the prefix cache.
 
-Without caching a block is free or owned by one request. With ``enable_caching`` a full
-block whose KV is computed may also carry a hash (``block_hash``): a later request whose
+A block is free or held by requests. A full block whose KV is computed may also carry a
+hash (``block_hash``): a later request whose
 prompt starts with the same blocks takes them instead of computing them (``touch``), so
 a block may be shared, and is free again only when no request holds it (reference
 counts). A free block that still carries a hash stays findable until it is needed:
@@ -17,11 +17,10 @@ from core_runner.engine.block_hash import BlockHash
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = False) -> None:
+    def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks} must be >= 1")
         self.num_blocks = num_blocks
-        self.enable_caching = enable_caching
         self._free: deque[int] = deque(range(num_blocks))  # free, no hash
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # free, hash kept: the LRU
         self.ref_count = [0] * num_blocks

@@ -52,7 +52,7 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.chunked_prefill = chunked_prefill
-        self.pool = BlockPool(num_blocks, enable_caching=enable_prefix_caching)
+        self.pool = BlockPool(num_blocks)
         self.caching = enable_prefix_caching
         # tokens looked up in the prefix cache at admission, and of them the tokens found
         # (vLLM's prefix_cache_queries / prefix_cache_hits)

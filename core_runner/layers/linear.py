@@ -20,7 +20,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from core_runner.distributed import divide, get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from core_runner.distributed import (
+    divide,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_gather,
+)
 from core_runner.distributed import tensor_model_parallel_all_reduce as all_reduce
 
 
@@ -103,8 +108,6 @@ class ColumnParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
         if self.gather_output and self.tp_size > 1:
-            from core_runner.distributed import tensor_model_parallel_all_gather
-
             y = tensor_model_parallel_all_gather(y, dim=-1)
         return y
 

@@ -264,7 +264,7 @@ class ModelRunner:
         prompt = self.sampling.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, self.sampler_triton)
         # the kept proposals are already in the token table: count them as known, then the
         # usual update appends the sampled token after them
-        counts = torch.tensor(batch.spec_counts, device=accepted.device)
+        counts = v.counts_dev
         tables["num_tokens"].index_add_(0, idx.long(), accepted.to(tables["num_tokens"].dtype))
         self._post_update(batch, (num_sched - counts + accepted).to(num_sched.dtype), final)
         inner = StepLogprobs.collect(v.view.req_ids, out.logprobs, out.logprob_rows, prompt)

@@ -29,6 +29,7 @@ class Verification:
     logits_indices: torch.Tensor  # [M] token index of each logits row
     counts: list[int]  # per request: k (0 for a request sampling one token)
     first: torch.Tensor  # [n] the logits row of each request's first position
+    counts_dev: torch.Tensor  # [n] ``counts`` on the device
 
 
 def verification_view(batch: InputBatch, counts: list[int]) -> Verification:
@@ -50,9 +51,10 @@ def verification_view(batch: InputBatch, counts: list[int]) -> Verification:
             seq_cpu.append(computed[i] + (t - qsl[i]) + 1)
             comp_cpu.append(computed[i] + (t - qsl[i]))
     device = batch.idx_mapping.device
-    pack = torch.tensor([tok_idx, req_of, firsts + [0] * (len(tok_idx) - n)], dtype=torch.int64)
-    dev = pack.to(device, non_blocking=True)
-    logits_indices, req_dev, first = dev[0], dev[1], dev[2, :n]
+    pad = [0] * (len(tok_idx) - n)
+    pack = torch.tensor([tok_idx, req_of, firsts + pad, list(counts) + pad], dtype=torch.int64)
+    dev = pack.to(device, non_blocking=True)  # one copy for every index the step needs
+    logits_indices, req_dev, first, counts_dev = dev[0], dev[1], dev[2, :n], dev[3, :n]
     view = dataclasses.replace(
         batch, req_ids=[batch.req_ids[i] for i in req_of], num_reqs=len(tok_idx),
         idx_mapping=batch.idx_mapping[:n][req_dev], idx_mapping_cpu=torch.tensor([rows[i] for i in req_of]),
@@ -60,7 +62,7 @@ def verification_view(batch: InputBatch, counts: list[int]) -> Verification:
         seq_lens_cpu=torch.tensor(seq_cpu, dtype=torch.int32), num_computed_cpu=torch.tensor(comp_cpu),
         logits_indices=logits_indices, num_reqs_padded=len(tok_idx),
     )
-    return Verification(view, logits_indices, counts, first)
+    return Verification(view, logits_indices, counts, first, counts_dev)
 
 
 def accept(sampled: torch.Tensor, v: Verification, rows: torch.Tensor, num_tokens: torch.Tensor,
@@ -72,7 +74,7 @@ def accept(sampled: torch.Tensor, v: Verification, rows: torch.Tensor, num_token
     n, kmax = len(v.counts), max(v.counts)
     device = sampled.device
     j = torch.arange(kmax + 1, device=device)
-    counts = torch.tensor(v.counts, device=device)  # the host knew them
+    counts = v.counts_dev
     at = (v.first[:, None] + torch.minimum(j[None, :], counts[:, None])).clamp_max(sampled.numel() - 1)
     target = sampled[at]  # [n, kmax + 1]
     if kmax == 0:

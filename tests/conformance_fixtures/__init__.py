@@ -33,3 +33,18 @@ def register_qwen3(registry, model: str) -> None:
         reference="transformers:Qwen3ForCausalLM",
         examples=[{"name": "tiny", "config": {**TINY, "tie_word_embeddings": False}}],
     )
+
+
+def register_granite(registry, **capabilities: str) -> None:
+    """The Granite hybrid as its plugin registers it (one dense tiny example, no experts, no
+    RoPE), with ``capabilities`` overriding the plugin's declarations."""
+    from core_runner_granite_hybrid.hooks import CAPABILITIES, TINY
+
+    registry.add(
+        architecture="GraniteMoeHybridForCausalLM",
+        model="core_runner_granite_hybrid.model:GraniteMoeHybridForCausalLM",
+        model_state="model_states.mamba_hybrid:MambaHybridModelState",
+        capabilities={**CAPABILITIES, **capabilities}, reference="transformers:GraniteMoeHybridForCausalLM",
+        examples=[{"name": "tiny-dense-nope", "config": {**TINY, "num_local_experts": 0,
+                                                         "position_embedding_type": None}}],
+    )

@@ -4,19 +4,10 @@ rolls num_computed_tokens back over the rejected ones, but the Mamba layers' rec
 state (and conv window) has already advanced over them and is not rolled back, so the
 next step continues from a state that has seen tokens the request never kept:
 CR-SPEC-01 must find the differing logits, while CR-EQ-01 (no speculation) passes."""
-from core_runner_granite_hybrid.hooks import CAPABILITIES, TINY
-
+from conformance_fixtures import register_granite
 from core_runner import hookimpl
 
 
 @hookimpl
 def register_models(registry):
-    registry.add(
-        architecture="GraniteMoeHybridForCausalLM",
-        model="core_runner_granite_hybrid.model:GraniteMoeHybridForCausalLM",
-        model_state="model_states.mamba_hybrid:MambaHybridModelState",
-        capabilities={**CAPABILITIES, "speculative_decoding": "supported"},
-        reference="transformers:GraniteMoeHybridForCausalLM",
-        examples=[{"name": "tiny-dense-nope", "config": {**TINY, "num_local_experts": 0,
-                                                         "position_embedding_type": None}}],
-    )
+    register_granite(registry, speculative_decoding="supported")
