@@ -60,3 +60,14 @@ class RowStateSpec:
 
 
 KVCacheSpec = PagedCacheSpec | RowStateSpec
+
+
+def collect_kv_cache_specs(model: torch.nn.Module, dtype: torch.dtype, prefix: str = "") -> list[KVCacheSpec]:
+    """Ask every layer of ``model`` that keeps a cache (has ``kv_cache_spec``) for its spec,
+    named ``prefix`` + its module path."""
+    specs = []
+    for name, module in model.named_modules():
+        fn = getattr(module, "kv_cache_spec", None)
+        if callable(fn):
+            specs.append(fn(prefix + name, dtype))
+    return specs

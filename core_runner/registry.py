@@ -103,19 +103,61 @@ def _check_lazy(name: str, value: Any) -> str:
     return value
 
 
+@dataclass(frozen=True)
+class DraftRegistration:
+    """A draft model for speculative decoding (``core_runner.draft_model.DraftModel``):
+    keyed by (architecture, method). For "mtp" the architecture is the target's (the
+    draft lives in the target's checkpoint); for "eagle" / "eagle3" it is the draft
+    checkpoint's own ``architectures[0]``."""
+    architecture: str
+    method: str
+    model: str
+    plugin: str = "<direct>"
+
+    def load_model_class(self) -> Any:
+        return import_string(self.model, f"draft model of {self.architecture} ({self.method})")
+
+
 class Registry:
     def __init__(self) -> None:
         self._regs: dict[str, Registration] = {}
+        self._drafts: dict[tuple[str, str], DraftRegistration] = {}
         self.current_plugin = "<direct>"
         # plugin name -> its load error, filled by the PluginManager; named when a lookup fails
         self.plugin_failures: dict[str, str] = {}
 
-    def snapshot(self) -> dict[str, Registration]:
+    def snapshot(self) -> tuple[dict, dict]:
         """A copy of the registrations, for ``restore`` after a plugin fails half-way."""
-        return dict(self._regs)
+        return dict(self._regs), dict(self._drafts)
 
-    def restore(self, snapshot: dict[str, Registration]) -> None:
-        self._regs = dict(snapshot)
+    def restore(self, snapshot: tuple[dict, dict]) -> None:
+        self._regs, self._drafts = dict(snapshot[0]), dict(snapshot[1])
+
+    def add_draft(self, architecture: str, method: str, model: str, *, override: bool = False) -> None:
+        """Register a draft model for ``method`` ("mtp", "eagle" or "eagle3", see
+        ``DraftRegistration``). A duplicate is an error unless ``override=True``."""
+        from core_runner.speculative_config import DRAFT_METHODS
+
+        if method not in DRAFT_METHODS:
+            raise ValueError(f"draft method {method!r} of {architecture} is unknown: expected one of {DRAFT_METHODS}")
+        key = (architecture, method)
+        if key in self._drafts and not override:
+            raise ValueError(f"a {method!r} draft for {architecture!r} from plugin {self.current_plugin!r} is already "
+                             f"registered by plugin {self._drafts[key].plugin!r}; pass override=True to replace it")
+        self._drafts[key] = DraftRegistration(architecture, method, _check_lazy("model", model), self.current_plugin)
+
+    def find_draft(self, architecture: str, method: str) -> DraftRegistration | None:
+        return self._drafts.get((architecture, method))
+
+    def get_draft(self, architecture: str, method: str) -> DraftRegistration:
+        """The draft registered for (architecture, method); a ValueError naming what exists."""
+        found = self._drafts.get((architecture, method))
+        if found is None:
+            known = sorted(f"{a} ({m})" for a, m in self._drafts)
+            where = ("the target architecture" if method == "mtp" else "the draft checkpoint's architecture")
+            raise ValueError(f"no {method!r} draft model is registered for {where} {architecture!r}: installed "
+                             f"plugins register draft models for {known or 'nothing'}")
+        return found
 
     def add(
         self, architecture: str, model: str, model_state: str, *, capabilities: dict | None = None,

@@ -4,16 +4,22 @@
 "prompt_lookup_max": b}`` proposes, for each decoding request, the k tokens that followed
 the most recent earlier occurrence of its last n tokens (n from b down to a) in its own
 prompt and output. A bound left out takes the other's value, both 5 when neither is given
-(vLLM's rule). ``"mtp"``, ``"eagle"`` and ``"eagle3"`` (with ``"model"``) are vLLM's other
-methods: they are recognised and refused by name until the engine implements them.
+(vLLM's rule).
+
+Draft-model methods (``core_runner.draft_model``): ``"mtp"`` runs the target checkpoint's
+own next-token-prediction layers (DeepSeek-V3's ``num_nextn_predict_layers``; ``"model"``
+left out, as the draft is in the target's checkpoint); ``"eagle"`` and ``"eagle3"`` load
+a separate draft checkpoint from ``"model"`` (a local directory or a hub id). Proposals
+are the draft's greedy tokens, so verification keeps a proposal with probability
+p(proposal), which is speculative rejection sampling for a one-hot q.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram",)
-NOT_YET = ("mtp", "eagle", "eagle3")
+DRAFT_METHODS = ("mtp", "eagle", "eagle3")
+METHODS = ("ngram", *DRAFT_METHODS)
 _KEYS = ("method", "num_speculative_tokens", "model", "prompt_lookup_min", "prompt_lookup_max")
 MAX_SPECULATIVE_TOKENS = 16
 
@@ -25,6 +31,10 @@ class SpeculativeConfig:
     model: str | None = None
     prompt_lookup_min: int = 5
     prompt_lookup_max: int = 5
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.method in DRAFT_METHODS
 
     @classmethod
     def parse(cls, value: Any) -> SpeculativeConfig | None:
@@ -42,16 +52,23 @@ class SpeculativeConfig:
         if unknown:
             raise ValueError(f"speculative_config has unknown keys {unknown}: expected some of {list(_KEYS)}")
         method = value.get("method")
-        if method in NOT_YET:
-            raise ValueError(f"speculative_config['method']={method!r} is not implemented yet: the engine "
-                             f"implements {list(METHODS)}")
         if method not in METHODS:
             raise bad("method", method, f"expected one of {list(METHODS)}")
         k = value.get("num_speculative_tokens")
         if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
             raise bad("num_speculative_tokens", k, f"expected an integer in 1..{MAX_SPECULATIVE_TOKENS}")
-        if value.get("model") is not None:
-            raise bad("model", value["model"], "method 'ngram' takes no draft model")
+        model = value.get("model")
+        if method in ("eagle", "eagle3"):
+            if not isinstance(model, str) or not model:
+                raise bad("model", model, f"method {method!r} needs the draft checkpoint's path or hub id")
+        elif model is not None:
+            raise bad("model", model, f"method {method!r} takes no draft model"
+                      + (" (its draft layers are in the target's checkpoint)" if method == "mtp" else ""))
+        if method != "ngram":
+            for key in ("prompt_lookup_min", "prompt_lookup_max"):
+                if value.get(key) is not None:
+                    raise bad(key, value[key], f"only method 'ngram' looks up prompts; method {method!r} takes none")
+            return cls(method, k, model)
         lo, hi = value.get("prompt_lookup_min"), value.get("prompt_lookup_max")
         lo, hi = (lo if lo is not None else hi), (hi if hi is not None else lo)
         lo, hi = (5 if lo is None else lo), (5 if hi is None else hi)

@@ -3,17 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from core_runner.sdk import AttnMetadata, InputBatch, KVCacheSpec, ModelState, NewRequest
-
-
-def collect_kv_cache_specs(model: torch.nn.Module, dtype: torch.dtype) -> list[KVCacheSpec]:
-    """Ask every layer that keeps a cache (has ``kv_cache_spec``) for its spec."""
-    specs = []
-    for name, module in model.named_modules():
-        fn = getattr(module, "kv_cache_spec", None)
-        if callable(fn):
-            specs.append(fn(name, dtype))
-    return specs
+from core_runner.sdk import AttnMetadata, InputBatch, KVCacheSpec, ModelState, NewRequest, collect_kv_cache_specs
 
 
 def attn_metadata_from_batch(batch: InputBatch, causal: bool = True) -> AttnMetadata:

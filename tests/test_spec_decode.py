@@ -188,7 +188,7 @@ def test_accept_equals_reference_on_random_cases():
 # ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("value,match", [
     ({"method": "medusa", "num_speculative_tokens": 2},
-     r"\['method'\]='medusa' is invalid: expected one of \['ngram'\]"),
+     r"\['method'\]='medusa' is invalid: expected one of \['ngram', 'mtp', 'eagle', 'eagle3'\]"),
     ({"num_speculative_tokens": 2}, r"\['method'\]=None is invalid"),
     (ngram(0), r"\['num_speculative_tokens'\]=0 is invalid: expected an integer in 1\.\.16"),
     (ngram(17), r"=17 is invalid: expected an integer in 1\.\.16"),
@@ -200,10 +200,13 @@ def test_accept_equals_reference_on_random_cases():
      r"unknown keys \['draft_tensor_parallel_size'\]: expected some of \['method'"),
     ({**ngram(2), "model": "some/draft"}, r"\['model'\]='some/draft' is invalid: method 'ngram' takes no draft model"),
     ("ngram", r"speculative_config='ngram' is invalid: expected None or a dict"),
-    ({"method": "eagle", "num_speculative_tokens": 2, "model": "d"}, r"'eagle' is not implemented yet: the engine "
-                                                                      r"implements \['ngram'\]"),
-    ({"method": "eagle3", "num_speculative_tokens": 2, "model": "d"}, r"'eagle3' is not implemented yet"),
-    ({"method": "mtp", "num_speculative_tokens": 1}, r"'mtp' is not implemented yet"),
+    ({"method": "eagle", "num_speculative_tokens": 2}, r"\['model'\]=None is invalid: method 'eagle' needs the "
+                                                        r"draft checkpoint's path"),
+    ({"method": "eagle3", "num_speculative_tokens": 2, "model": ""}, r"\['model'\]='' is invalid"),
+    ({"method": "mtp", "num_speculative_tokens": 1, "model": "x"}, r"method 'mtp' takes no draft model \(its draft "
+                                                                   r"layers are in the target's checkpoint\)"),
+    ({"method": "mtp", "num_speculative_tokens": 1, "prompt_lookup_max": 3},
+     r"\['prompt_lookup_max'\]=3 is invalid: only method 'ngram' looks up prompts"),
 ])
 def test_bad_speculative_config_is_named(value, match):
     with pytest.raises(ValueError, match=match):

@@ -123,7 +123,7 @@ class EngineDebug:
         out = {f"req_state.{k}": t for k, t in runner.req_state.tables().items()}
         out.update({f"sampling.{k}": t for k, t in runner.sampling.tables().items()})
         out.update({f"model_state.{k}": t for k, t in runner.model_state.row_buffers().items()})
-        for spec in runner.model_state.kv_cache_specs():
+        for spec in runner.cache_specs():
             if isinstance(spec, RowStateSpec):
                 for i, t in enumerate(runner.kv_caches[spec.layer_name]):
                     out[f"row_cache.{spec.layer_name}.{i}"] = t
@@ -133,7 +133,7 @@ class EngineDebug:
         """The paged KV caches (``kv.<layer>``; dim 1 = block, dim 2 = slot in the block)."""
         runner = self._engine.runner
         return {f"kv.{spec.layer_name}": runner.kv_caches[spec.layer_name]
-                for spec in runner.model_state.kv_cache_specs() if isinstance(spec, PagedCacheSpec)}
+                for spec in runner.cache_specs() if isinstance(spec, PagedCacheSpec)}
 
     def sampling_host_state(self) -> dict:
         """A copy of every sampling stage's host mirrors (settings, users), by stage."""

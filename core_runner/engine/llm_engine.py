@@ -26,6 +26,7 @@ from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
 from core_runner.engine.scheduler import Scheduler
 from core_runner.executor.build import RankSpec, build_runner
+from core_runner.executor.draft import resolve_draft
 from core_runner.executor.multiproc import MultiprocRunner
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
@@ -93,8 +94,9 @@ class LLMEngine:
                 f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings={max_pos}"
             )
         self.dtype = resolve_dtype(config.dtype, self.hf_config, config.device)
+        draft = resolve_draft(config, self.plugins.registry, self.architecture, str(self.model_path), self.hf_config)
         spec = RankSpec(config, self.registration, self.plan, self.hf_config, str(self.model_path), self.dtype,
-                        self.architecture)
+                        self.architecture, draft)
         # what the core calls: rank 0's runner alone, or the tensor-parallel ranks through it
         self.executor: ModelRunner | MultiprocRunner
         if config.tensor_parallel_size > 1:
@@ -188,7 +190,7 @@ class LLMEngine:
 
     # ---- memory -------------------------------------------------------------------
     def memory_report(self) -> dict[str, int]:
-        specs = self.model_state.kv_cache_specs()
+        specs = self.runner.cache_specs()
         per_token = sum(s.bytes_per_token() for s in specs if isinstance(s, PagedCacheSpec))
         per_row = sum(s.bytes_per_row() for s in specs if isinstance(s, RowStateSpec))
         return {"kv_bytes_per_token": per_token, "state_bytes_per_row": per_row,

@@ -13,6 +13,7 @@ import torch
 
 from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
+from core_runner.executor.draft import DraftSpec, build_draft
 from core_runner.loader import build_model
 from core_runner.oracle import ExecutionPlan, check_model_fits
 from core_runner.registry import Registration
@@ -28,6 +29,7 @@ class RankSpec:
     model_path: str
     dtype: torch.dtype
     architecture: str
+    draft: DraftSpec | None = None  # the speculative-decoding draft model, if any
 
 
 def build_runner(spec: RankSpec) -> ModelRunner:
@@ -41,5 +43,10 @@ def build_runner(spec: RankSpec) -> ModelRunner:
     model_state = state_cls(config, model, torch.device(config.device))
     backend = get_backend(spec.plan.attention_backend)
     check_model_fits(backend, model, spec.architecture)  # e.g. MLA layers need supports_mla
+    drafter = None
+    if spec.draft is not None:
+        drafter = build_draft(spec.draft, model, spec.hf_config, spec.dtype, config.device, config.load_format,
+                              config.seed)
+        check_model_fits(backend, drafter, spec.draft.registration.architecture)
     return ModelRunner(config, model, model_state, backend, triton_kernels=spec.plan.kernels == "triton",
-                       cuda_graphs=spec.plan.cuda_graphs)
+                       cuda_graphs=spec.plan.cuda_graphs, drafter=drafter)
