@@ -46,9 +46,11 @@ class DraftModel(nn.Module):
 
     @abstractmethod
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor
+        self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor, spec_step_idx: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(hidden for ``compute_logits``, hidden the next decode pass reads) per token."""
+        """(hidden for ``compute_logits``, hidden the next decode pass reads) per token.
+        ``spec_step_idx`` is the pass (0 = the first pass, j = the proposal j + 1): a draft
+        with several prediction layers (MTP) picks its layer by it."""
 
     @abstractmethod
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from torch import nn
 
 from core_runner.config import EngineConfig
 from core_runner.loader import architecture_of, checkpoint_files, load_hf_config, load_weights, resolve_model
+from core_runner.quantization import quantization_from_config
 from core_runner.registry import DraftRegistration, Registry
 
 
@@ -74,7 +75,7 @@ def build_draft(draft: DraftSpec, target: nn.Module, target_hf_config: Any, dtyp
 
         fill_dummy_weights(model, seed + 1)
     else:
-        load_weights(model, draft.path)
+        load_weights(model, draft.path, quantization=quantization_from_config(draft.hf_config))
     model.bind_target(target)
     layers = model.aux_hidden_state_layers(target_hf_config)
     if layers is not None:
