@@ -139,3 +139,31 @@ def test_draft_cache_shares_the_pool(setup):
     # the draft's one attention layer (2 KV heads of 16) next to the target's two
     assert with_draft.memory_report()["kv_bytes_per_token"] == plain * 3 // 2
     assert any(k.startswith("kv.drafter.") for k in with_draft.debug.paged_caches())
+
+
+def outputs_of(eng, params) -> dict:
+    plist = params if isinstance(params, list) else [params] * len(PROMPTS)
+    done = run(eng, [(str(i), p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, plist))])
+    return {r: list(o.outputs[0].token_ids) for r, o in done.items()}
+
+
+@pytest.mark.parametrize("draft", ["copy", "draft", None])
+def test_async_scheduling_keeps_outputs(setup, draft):
+    """One step in flight while the next is planned from upper bounds: the same tokens as
+    the synchronous loop, with the copying draft (most proposals kept), the random one
+    (most rejected) and n-gram proposals, under chunked prefill and a small pool."""
+    model = setup["flat"] if draft == "copy" else setup["target"].path
+    want = tokens_of(engine(setup, model), PROMPTS, greedy(16))
+    kw = dict(max_num_batched_tokens=10, num_kv_blocks=40)
+    if draft is None:
+        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+    for params in (greedy(16), [seeded(16, 7 + i, 0.8, 0.9) for i in range(len(PROMPTS))]):
+        sync_eng = engine(setup, model, setup[draft] if draft else None, 3, **kw)
+        async_eng = engine(setup, model, setup[draft] if draft else None, 3, async_scheduling=True, **kw)
+        assert async_eng.plan.async_scheduling and not sync_eng.plan.async_scheduling
+        got = outputs_of(async_eng, params)
+        assert got == outputs_of(sync_eng, params)
+        if not isinstance(params, list):
+            assert got == want
+        assert async_eng.scheduler.spec_num_draft_tokens > 0
+        assert async_eng.debug.num_free_blocks == 40
