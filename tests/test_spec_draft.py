@@ -5,13 +5,10 @@ attention-free target, chunked prefill, preemption, prefix caching, the draft's 
 the KV pool and the blocks taken ahead for it."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from helpers import TINY, Checkpoint, greedy, random_prompts, run
-from safetensors.torch import load_file, save_file
-from spec_draft_fixture import plugins_with_draft, write_draft
+from spec_draft_fixture import plugins_with_draft, write_copying_pair, write_draft
 from test_spec_decode import seeded
 
 from core_runner.config import EngineConfig
@@ -21,10 +18,7 @@ from core_runner.engine.llm_engine import LLMEngine
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A Qwen3 target with random weights, a random draft for it, and an attention-free
-    target (o_proj zero: each position's logits depend on its own token only) with a draft
-    that copies it: the draft's embedding row of token t is the target's final hidden state
-    for t, its fc keeps the embedding, its attention adds nothing and its LM head is the
-    target's, so it proposes exactly the target's next greedy token."""
+    target with a draft that copies it (``write_copying_pair``)."""
     import transformers
 
     root = tmp_path_factory.mktemp("spec_draft")
@@ -35,22 +29,8 @@ def setup(tmp_path_factory):
     target = Checkpoint("target", str(root / "target"), hf)
     draft = write_draft(root / "draft", cfg)
 
-    torch.manual_seed(1)
-    flat = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg)).float().eval()
-    with torch.no_grad():
-        for layer in flat.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-        per_token = flat.model(input_ids=torch.arange(cfg["vocab_size"])[:, None]).last_hidden_state[:, 0]
-    flat.save_pretrained(str(root / "flat"))
-    copy = write_draft(root / "copy", cfg)
-    w = load_file(str(Path(copy) / "model.safetensors"))
-    h = cfg["hidden_size"]
-    w["embed_tokens.weight"] = per_token.contiguous()
-    w["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
-    w["o_proj.weight"] = torch.zeros_like(w["o_proj.weight"])
-    w["lm_head.weight"] = flat.lm_head.weight.detach().clone()
-    save_file(w, str(Path(copy) / "model.safetensors"))
-    return {"target": target, "draft": draft, "flat": str(root / "flat"), "copy": copy, "pm": plugins_with_draft()}
+    flat, copy = write_copying_pair(root, cfg)
+    return {"target": target, "draft": draft, "flat": flat, "copy": copy, "pm": plugins_with_draft()}
 
 
 def engine(setup, model: str, draft: str | None = None, k: int = 3, **kw):

@@ -333,6 +333,8 @@ class ModelRunner:
         keys = sorted(self.graphs.keys(), key=lambda k: -k.num_tokens)
         with use_tp_group(self.tp_group):
             self._capture(keys)
+            if self.drafter is not None:
+                self.graphs.pool = self.drafter.capture(self.graphs.decode_sizes, self.graphs.pool)
         logger.info("captured %d CUDA graphs", len(keys))
         return len(keys)
 
