@@ -86,15 +86,16 @@ def test_lossless_and_graph_equals_eager(paths, name):
     eng = engine(paths, model, spec)
     assert eng.plan.async_scheduling and eng.plan.cuda_graphs and eng.plan.attention_backend == "triton"
     assert generate(eng, ps, greedy) == want
+    sch = eng.scheduler
+    drafted, accepted = sch.spec_num_draft_tokens, sch.spec_num_accepted_tokens
+    assert drafted > 0
+    if name == "copying-draft":  # greedy proposals of a draft that copies the target: kept
+        assert accepted >= 0.9 * drafted, (accepted, drafted)
     assert generate(eng, ps, seeded) == generate(engine(paths, model), ps, seeded)
     eager = engine(paths, model, spec, enforce_eager=True)
     assert generate(eager, ps, greedy) == want
     if eng.runner.drafter is not None:
         assert eng.runner.drafter.num_replays > 0
-    sch = eng.scheduler
-    assert sch.spec_num_draft_tokens > 0
-    if name == "copying-draft":
-        assert sch.spec_num_accepted_tokens >= 0.9 * sch.spec_num_draft_tokens
 
 
 @pytest.mark.parametrize("name", list(SPECS))

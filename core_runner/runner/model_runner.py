@@ -316,7 +316,7 @@ class ModelRunner:
         if not rows:
             return
         tables = self.req_state.tables()
-        dev = torch.tensor(rows, device=self.device)
+        dev = torch.tensor(rows).to(self.device, non_blocking=True)  # torch.tensor(device=) would wait
         s = self.spec
         proposals = propose_ngram(tables["token_ids"], dev, tables["num_tokens"], s.num_speculative_tokens,
                                   s.prompt_lookup_min, s.prompt_lookup_max)
