@@ -1,0 +1,214 @@
+"""DeepSeek-V3's MTP layers as a speculative-decoding draft (core_runner_deepseek.mtp).
+
+The module alone, on tiny checkpoints of ``mtp_fixture`` (loaded through the engine's own
+draft building, run over a paged latent cache with the torch backend), against a
+from-scratch float32 reference: the first pass over a sequence, then decode passes that
+extend it; the layer a pass picks when there are two; the copies of the target's
+embedding and head dropped for the target's own; an fp8 checkpoint. Then refusals.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from mtp_fixture import build_mtp_checkpoint, mtp_reference, target_hidden
+
+from core_runner.attention.backend import AttnMetadata
+from core_runner.attention.torch_backend import TorchPagedAttention
+from core_runner.forward_context import set_forward_context
+
+ARCH = "DeepseekV3ForCausalLM"
+ATOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory, single_torch_thread):
+    root = tmp_path_factory.mktemp("mtp")
+    return {
+        # embed_tokens / shared_head.head copies of the target's, as DeepSeek-V3 ships them
+        "one": build_mtp_checkpoint(root / "one"),
+        # two layers with their own embedding and heads
+        "two": build_mtp_checkpoint(root / "two", num_mtp=2, seed=1, share_embed_head=False),
+    }
+
+
+def build(path: str | Path):
+    """(target, draft) as a rank builds them (core_runner.executor.build)."""
+    from core_runner.executor.draft import DraftSpec, build_draft
+    from core_runner.loader import build_model, load_hf_config
+    from core_runner.plugins import load_plugins
+
+    registry = load_plugins(["deepseek"]).registry
+    cfg = load_hf_config(path)
+    target = build_model(registry.get(ARCH).load_model_class(), cfg, torch.float32, "cpu", path)
+    spec = DraftSpec(registry.get_draft(ARCH, "mtp"), cfg, str(path))
+    return target, build_draft(spec, target, cfg, torch.float32, "cpu", "auto", seed=0)
+
+
+class OneSequence:
+    """Runs a draft alone over one growing sequence: its own latent caches on a shuffled
+    block table, and each pass's metadata (the new tokens follow those already cached)."""
+
+    def __init__(self, draft: torch.nn.Module, max_len: int = 64, block_size: int = 4) -> None:
+        self.draft, self.bs, self.len = draft, block_size, 0
+        num_blocks = -(-max_len // block_size)
+        self.table = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+        for name, module in draft.named_modules():
+            if callable(getattr(module, "kv_cache_spec", None)):
+                module.kv_cache = module.kv_cache_spec(name, torch.float32).allocate(num_blocks, block_size, "cpu")
+
+    @torch.no_grad()
+    def run(self, tokens: list[int], hidden: torch.Tensor, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits, hidden for the next pass) of ``tokens`` at the next positions."""
+        q = len(tokens)
+        pos = torch.arange(self.len, self.len + q)
+        slots = self.table[pos // self.bs].long() * self.bs + pos % self.bs
+        qsl, lens = torch.tensor([0, q], dtype=torch.int32), torch.tensor([self.len + q], dtype=torch.int32)
+        md = AttnMetadata(num_reqs=1, num_tokens=q, query_start_loc=qsl, seq_lens=lens, block_tables=self.table[None],
+                          slot_mapping=slots, query_start_loc_cpu=qsl, seq_lens_cpu=lens, max_query_len=q,
+                          max_seq_len=self.len + q)
+        with set_forward_context(md, TorchPagedAttention(), "torch"):
+            out, nxt = self.draft(torch.tensor(tokens), pos, hidden, spec_step_idx=step)
+            logits = self.draft.compute_logits(out)
+        self.len += q
+        return logits, nxt
+
+
+def seq_of(n: int, seed: int) -> list[int]:
+    return torch.randint(0, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def test_first_pass_then_decode_passes_match_the_reference(ckpts):
+    ckpt = ckpts["one"]
+    _, draft = build(ckpt.path)
+    seq = seq_of(21, seed=3)
+    hidden = target_hidden(ckpt, seq)
+    # first pass: position p reads the token at p + 1 and the target's hidden state at p
+    run = OneSequence(draft)
+    logits, nxt = run.run(seq[1:], hidden[:-1])
+    want_logits, want_y = mtp_reference(ckpt, 0, seq[1:], hidden[:-1])
+    assert (logits - want_logits).abs().max() <= ATOL
+    assert (nxt - want_y).abs().max() <= ATOL
+    assert want_logits.std() > 0.5  # the comparison is not between near-constant rows
+    # three decode passes: each reads the draft's own last hidden and the token it proposed
+    tokens, hiddens = list(seq[1:]), hidden[:-1]
+    for _ in range(3):
+        proposal = int(logits[-1].argmax())
+        tokens.append(proposal)
+        hiddens = torch.cat([hiddens, nxt[-1:]])
+        logits, nxt = run.run([proposal], nxt[-1:])
+        want_logits, want_y = mtp_reference(ckpt, 0, tokens, hiddens)
+        assert (logits[0] - want_logits[-1]).abs().max() <= ATOL
+        assert (nxt[0] - want_y[-1]).abs().max() <= ATOL
+
+
+def test_a_pass_runs_the_layer_of_its_step(ckpts):
+    ckpt = ckpts["two"]
+    _, draft = build(ckpt.path)
+    n = ckpt.num_hidden_layers
+    assert sorted(draft.layers) == [str(n), str(n + 1)]
+    seq = seq_of(13, seed=4)
+    hidden = target_hidden(ckpt, seq)
+    wants = [mtp_reference(ckpt, i, seq[1:], hidden[:-1])[0] for i in (0, 1)]
+    assert (wants[0] - wants[1]).abs().max() > 0.1
+    for step, layer in ((0, 0), (1, 1), (2, 0), (3, 1)):
+        logits, _ = OneSequence(draft).run(seq[1:], hidden[:-1], step=step)
+        assert (logits - wants[layer]).abs().max() <= ATOL, f"step {step}"
+
+
+def test_embedding_and_heads_are_the_targets_where_the_checkpoint_copies_them(ckpts):
+    target, shared = build(ckpts["one"].path)
+    assert shared.embed_tokens is target.model.embed_tokens
+    assert all(layer.shared_head.head is target.lm_head for layer in shared.layers.values())
+    names = {name for name, _ in shared.named_parameters()}
+    assert not any("embed_tokens" in name or "shared_head.head" in name for name in names)
+    assert any("shared_head.norm" in name for name in names)
+    # the per-expert tensors went into the fused experts of the MTP layer's MoE
+    n = ckpts["one"].num_hidden_layers
+    assert f"layers.{n}.mtp_block.mlp.experts.w13.weight" in names
+    target, own = build(ckpts["two"].path)
+    assert own.embed_tokens is not target.model.embed_tokens
+    assert {name for name, _ in own.named_parameters()} >= {
+        "embed_tokens.weight", f"layers.{n}.shared_head.head.weight", f"layers.{n + 1}.shared_head.head.weight"}
+    # one embedding for both layers: the first layer's (its copy in layer n + 1 is not read)
+    assert torch.equal(own.embed_tokens.weight, ckpts["two"].refs[0].model.embed_tokens.weight)
+
+
+def test_fp8_checkpoint_loads_dequantized(ckpts, tmp_path):
+    """The 'one' checkpoint in DeepSeek-V3's fp8 format (every projection of the target and
+    the MTP layer, eh_proj included, fp8 with ``weight_scale_inv``, over two shards): the
+    draft holds the dequantized weights and computes what one built from them does."""
+    from test_fp8 import QUANT, UNQUANTIZED, _read_dir, _write_shards
+
+    from core_runner.quantization import dequantize_fp8_block, quantize_fp8_block
+
+    src = Path(ckpts["one"].path)
+    config = json.loads((src / "config.json").read_text())
+    fp8, deq = {}, {}
+    for name, w in _read_dir(src).items():
+        if UNQUANTIZED.search(name) or "shared_head.head" in name or w.dim() != 2:
+            fp8[name] = deq[name] = w
+            continue
+        q, scale = quantize_fp8_block(w, tuple(QUANT["weight_block_size"]))
+        fp8[name], fp8[name + "_scale_inv"] = q, scale
+        deq[name] = dequantize_fp8_block(q, scale, tuple(QUANT["weight_block_size"]), torch.float32, name)
+    n = config["num_hidden_layers"]
+    assert f"model.layers.{n}.eh_proj.weight_scale_inv" in fp8
+    _write_shards(tmp_path / "fp8", fp8, {**config, "quantization_config": QUANT})
+    _write_shards(tmp_path / "deq", deq, config)
+    _, quantized = build(tmp_path / "fp8")
+    _, reference = build(tmp_path / "deq")
+    assert torch.equal(quantized.layers[str(n)].eh_proj.weight, deq[f"model.layers.{n}.eh_proj.weight"])
+    seq = seq_of(9, seed=5)
+    hidden = target_hidden(ckpts["one"], seq)[:-1]
+    got, _ = OneSequence(quantized).run(seq[1:], hidden)
+    want, _ = OneSequence(reference).run(seq[1:], hidden)
+    assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------
+# refusals
+# ---------------------------------------------------------------------------------
+def _copy(src: str, dst: Path, **config) -> str:
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**cfg, **config}))
+    return str(dst)
+
+
+def _engine(path: str, k: int = 2):
+    from core_runner import LLM
+
+    return LLM(path, dtype="float32", device="cpu", max_model_len=64, block_size=4, num_kv_blocks=64,
+               speculative_config={"method": "mtp", "num_speculative_tokens": k})
+
+
+def test_a_config_without_mtp_layers_is_refused(ckpts, tmp_path):
+    path = _copy(ckpts["one"].path, tmp_path / "zero", num_nextn_predict_layers=0)
+    with pytest.raises(ValueError, match=re.escape("method 'mtp' needs next-token-prediction layers in the target's "
+                                                   "checkpoint, but its config has num_nextn_predict_layers=0")):
+        _engine(path)
+
+
+def test_a_checkpoint_saved_without_its_mtp_layers_is_refused(ckpts, tmp_path):
+    # transformers writes num_nextn_predict_layers=1 (its default) but never the layer itself
+    path = _copy(ckpts["one"].path, tmp_path / "bare")
+    (Path(path) / "mtp.safetensors").unlink()
+    with pytest.raises(ValueError, match=re.escape("the checkpoint has no tensors of its multi-token-prediction "
+                                                   "layer 'model.layers.3.*'")):
+        _engine(path)
+
+
+def test_deepseek_v2_has_no_mtp_draft(tmp_path):
+    import transformers
+    from core_runner_deepseek.hooks import TINY_V2
+
+    cfg = transformers.DeepseekV2Config(**TINY_V2, num_nextn_predict_layers=1)
+    transformers.DeepseekV2ForCausalLM(cfg).save_pretrained(str(tmp_path / "v2"))
+    with pytest.raises(ValueError, match=re.escape("no 'mtp' draft model is registered for the target architecture "
+                                                   "'DeepseekV2ForCausalLM'")):
+        _engine(str(tmp_path / "v2"))
