@@ -4,7 +4,11 @@ The module alone, on tiny checkpoints of ``mtp_fixture`` (loaded through the eng
 draft building, run over a paged latent cache with the torch backend), against a
 from-scratch float32 reference: the first pass over a sequence, then decode passes that
 extend it; the layer a pass picks when there are two; the copies of the target's
-embedding and head dropped for the target's own; an fp8 checkpoint. Then refusals.
+embedding and head dropped for the target's own; an fp8 checkpoint. Then through the
+engine: the proposals the runner writes equal the reference's; greedy and seeded outputs
+equal those without speculation (k = 1 and 3, chunked prefill, preemption, a dry pool,
+tensor parallelism); an MTP layer built to compute the target's own next-token logits is
+(near) always accepted. Last, refusals.
 """
 from __future__ import annotations
 
@@ -15,7 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from mtp_fixture import build_mtp_checkpoint, mtp_reference, target_hidden
+from helpers import drain, greedy, make_engine, random_prompts, run, step_until
+from mtp_fixture import CONFIG, build_mtp_checkpoint, mtp_reference, target_hidden
+from test_spec_decode import seeded
 
 from core_runner.attention.backend import AttnMetadata
 from core_runner.attention.torch_backend import TorchPagedAttention
@@ -168,6 +174,155 @@ def test_fp8_checkpoint_loads_dequantized(ckpts, tmp_path):
     got, _ = OneSequence(quantized).run(seq[1:], hidden)
     want, _ = OneSequence(reference).run(seq[1:], hidden)
     assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------------------------
+# through the engine
+# ---------------------------------------------------------------------------------
+PROMPTS = random_prompts([3, 9, 17, 30, 5], seed=21)
+
+
+def mtp(k: int) -> dict:
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+def tokens_of(engine, prompts, params) -> dict[str, list[int]]:
+    params = params if isinstance(params, list) else [params] * len(prompts)
+    outs = run(engine, [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, params))])
+    return {r: list(o.outputs[0].token_ids) for r, o in outs.items()}
+
+
+@pytest.fixture(scope="module")
+def plain(ckpts):
+    """Greedy outputs of the 'one' checkpoint without speculation."""
+    return tokens_of(make_engine(ckpts["one"]), PROMPTS, greedy(20))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_random_mtp_is_lossless_greedy_and_chunked(ckpts, plain, k):
+    engine = make_engine(ckpts["one"], speculative_config=mtp(k))
+    assert tokens_of(engine, PROMPTS, greedy(20)) == plain
+    assert engine.scheduler.spec_num_draft_tokens > 0
+    chunked = make_engine(ckpts["one"], speculative_config=mtp(k), max_num_batched_tokens=8)
+    steps = chunked.debug.record_steps()
+    assert tokens_of(chunked, PROMPTS, greedy(20)) == plain
+    assert max(s.num_tokens for s in steps) <= 8 and chunked.scheduler.spec_num_draft_tokens > 0
+
+
+def test_preemption_and_a_dry_pool_are_lossless(ckpts, plain):
+    engine = make_engine(ckpts["one"], speculative_config=mtp(3), max_num_batched_tokens=16)
+    total = engine.debug.num_free_blocks
+    steps = engine.debug.record_steps()
+    for i, p in enumerate(PROMPTS):
+        engine.add_request(p, greedy(20), req_id=str(i))
+    done: dict = {}
+    step_until(engine, done, lambda: any(s.num_scheduled.get("3", 0) > 1 for s in steps))
+    engine.debug.preempt("3")
+    drain(engine, done)
+    assert {r: list(o.outputs[0].token_ids) for r, o in done.items()} == plain
+    assert done["3"].num_preemptions == 1 and done["3"].num_draft_tokens > 0
+    engine.step()  # the last finished id reaches the runner
+    assert engine.debug.num_free_blocks == total  # lookahead blocks included
+    # ~12 blocks per request and 24 in the pool: the draft's lookahead pushes requests out
+    dry = make_engine(ckpts["one"], speculative_config=mtp(3), num_kv_blocks=24, max_model_len=64)
+    assert tokens_of(dry, PROMPTS, greedy(20)) == plain
+    assert dry.debug.num_preemptions > 0
+
+
+def test_seeded_sampling_is_lossless(ckpts):
+    params = [seeded(16, 100 + i, 0.8, 0.9) for i in range(len(PROMPTS))]
+    want = tokens_of(make_engine(ckpts["one"]), PROMPTS, params)
+    assert tokens_of(make_engine(ckpts["one"], speculative_config=mtp(3)), PROMPTS, params) == want
+
+
+def test_engine_proposals_are_the_reference_ones(ckpts):
+    """Before each step, the k proposals the runner wrote after a request's known tokens S
+    equal the reference's: a first pass over S (token at p + 1, target hidden at p), then
+    decode passes on the draft's own hidden states and proposals."""
+    ckpt, k = ckpts["one"], 3
+    engine = make_engine(ckpt, speculative_config=mtp(k))
+    seen = []
+
+    def look(_out) -> None:
+        row = engine.debug.row_of("0")
+        if row is not None:
+            tables = engine.debug.row_tables()
+            n = int(tables["req_state.num_tokens"][row])
+            known = tables["req_state.token_ids"][row]
+            seen.append((known[:n].tolist(), known[n:n + k].tolist()))
+
+    engine.debug.before_step(look)
+    prompt = PROMPTS[2]
+    run(engine, [("0", prompt, greedy(16))])
+    speculated = [(s, d) for s, d in seen if len(s) > len(prompt)]
+    assert len(speculated) >= 6
+    for known, proposals in speculated:
+        hidden = target_hidden(ckpt, known)
+        tokens, hiddens = known[1:], hidden[:-1]
+        logits, y = mtp_reference(ckpt, 0, tokens, hiddens)
+        want = []
+        for _ in range(k):
+            want.append(int(logits[-1].argmax()))
+            tokens, hiddens = tokens + want[-1:], torch.cat([hiddens, y[-1:]])
+            logits, y = mtp_reference(ckpt, 0, tokens, hiddens)
+        assert proposals == want, f"after {len(known)} tokens"
+
+
+def test_tensor_parallel_with_mtp(ckpts, plain):
+    from core_runner import LLM
+
+    llm = LLM(ckpts["one"].path, tensor_parallel_size=2, speculative_config=mtp(3), device="cpu", dtype="float32",
+              max_model_len=64, block_size=4, max_num_seqs=8, num_kv_blocks=128)
+    try:
+        outs = llm.generate(PROMPTS, greedy(20), use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    assert [list(o.outputs[0].token_ids) for o in outs] == [plain[str(i)] for i in range(len(PROMPTS))]
+    assert sum(o.num_draft_tokens for o in outs) > 0
+
+
+def copy_the_target(target, refs, own) -> None:
+    """An attention-free one-layer target (o_proj zero, layer 0 dense: each position's
+    logits depend on its own token only) and an MTP layer that computes the target's
+    logits of the token it reads: embedding rows of RMS 1 with enorm 1 and eh_proj = [I | 0]
+    (x = the token's embedding), attention zero, every routed expert the target's MLP and
+    the shared expert zero (renormalised routing weights x routed_scaling_factor 1 sum to
+    1, so the MoE is that MLP), the target's post-attention norm, final norm and head. At
+    position p it reads the token at p + 1 and proposes the target's next greedy token."""
+    t, m = target.model, refs[0].model
+    emb = t.embed_tokens.weight
+    emb.copy_(emb * torch.rsqrt(emb.pow(2).mean(-1, keepdim=True)))
+    t.layers[0].self_attn.o_proj.weight.zero_()
+    block, mlp = m.layers[0], t.layers[0].mlp
+    block.self_attn.o_proj.weight.zero_()
+    block.post_attention_layernorm.weight.copy_(t.layers[0].post_attention_layernorm.weight)
+    experts = block.mlp.experts  # transformers keeps them stacked: [E, 2I, H] (gate rows, then up) and [E, H, I]
+    experts.gate_up_proj.copy_(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).expand_as(experts.gate_up_proj))
+    experts.down_proj.copy_(mlp.down_proj.weight.expand_as(experts.down_proj))
+    block.mlp.shared_experts.down_proj.weight.zero_()
+    m.embed_tokens.weight.copy_(emb)
+    m.norm.weight.copy_(t.norm.weight)
+    refs[0].lm_head.weight.copy_(target.lm_head.weight)
+    h = emb.shape[1]
+    own[0]["enorm"] = torch.ones(h)
+    own[0]["eh_proj"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_an_mtp_layer_that_copies_the_target_is_accepted(tmp_path_factory, single_torch_thread, k):
+    path = tmp_path_factory.mktemp("mtp_copy") / "copy"
+    ckpt = build_mtp_checkpoint(path, seed=2, num_hidden_layers=1, first_k_dense_replace=1,
+                                moe_intermediate_size=CONFIG["intermediate_size"], n_shared_experts=1,
+                                routed_scaling_factor=1.0, norm_topk_prob=True, edit=copy_the_target)
+    want = tokens_of(make_engine(ckpt), PROMPTS, greedy(24))
+    engine = make_engine(ckpt, speculative_config=mtp(k))
+    outs = run(engine, [(str(i), p, greedy(24)) for i, p in enumerate(PROMPTS)])
+    assert {r: list(o.outputs[0].token_ids) for r, o in outs.items()} == want
+    s = engine.scheduler
+    assert s.spec_num_draft_tokens >= 10 * k
+    assert s.spec_num_accepted_tokens >= 0.9 * s.spec_num_draft_tokens, (s.spec_num_accepted_tokens,
+                                                                        s.spec_num_draft_tokens)
+    assert sum(o.num_accepted_tokens for o in outs.values()) == s.spec_num_accepted_tokens
 
 
 # ---------------------------------------------------------------------------------
