@@ -7,7 +7,7 @@ extend it; the layer a pass picks when there are two; the copies of the target's
 embedding and head dropped for the target's own; an fp8 checkpoint. Then through the
 engine: the proposals the runner writes equal the reference's; greedy and seeded outputs
 equal those without speculation (k = 1 and 3, chunked prefill, preemption, a dry pool,
-tensor parallelism); an MTP layer built to compute the target's own next-token logits is
+tensor parallelism, prefix caching); an MTP layer built to compute the target's own next-token logits is
 (near) always accepted. Last, refusals.
 """
 from __future__ import annotations
@@ -227,6 +227,20 @@ def test_preemption_and_a_dry_pool_are_lossless(ckpts, plain):
     dry = make_engine(ckpts["one"], speculative_config=mtp(3), num_kv_blocks=24, max_model_len=64)
     assert tokens_of(dry, PROMPTS, greedy(20)) == plain
     assert dry.debug.num_preemptions > 0
+
+
+def test_prefix_caching_and_the_draft_latent_cache(ckpts, plain):
+    cfg = ckpts["one"].config
+    engine = make_engine(ckpts["one"], speculative_config=mtp(3), enable_prefix_caching=True)
+    # the MTP layer's latent cache sits in the pool beside the target's layers
+    latent = (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * 4
+    assert engine.memory_report()["kv_bytes_per_token"] == latent * (cfg["num_hidden_layers"] + 1)
+    assert any(name.startswith("kv.drafter.") for name in engine.debug.paged_caches())
+    assert tokens_of(engine, PROMPTS, greedy(20)) == plain
+    # again, from cached blocks (less the last one, whose draft KV read the token after it)
+    outs = run(engine, [(f"b{i}", p, greedy(20)) for i, p in enumerate(PROMPTS)])
+    assert {r[1:]: list(o.outputs[0].token_ids) for r, o in outs.items()} == plain
+    assert outs["b3"].num_cached_tokens == (len(PROMPTS[3]) - 1) // 4 * 4 - 4
 
 
 def test_seeded_sampling_is_lossless(ckpts):
