@@ -11,8 +11,10 @@ the target's hidden state h_p (its final-normed output, as vLLM feeds it):
     y = x' + residual                                    (the decoder layer's output stream)
     logits = shared_head.head(shared_head.norm(y))
 
-y is also the hidden the next decode pass reads. Pass j runs layer j mod n (vLLM's
-rule); with n > 1 a later layer's latent cache holds only what its own passes wrote.
+``forward`` returns (shared_head.norm(y), y): the norm is applied inside it, so that the
+layer a pass picks is fixed there (also in a captured CUDA graph), and y is the hidden the
+next decode pass reads. Pass j runs layer j mod n (vLLM's rule); with n > 1 a later
+layer's latent cache holds only what its own passes wrote.
 
 DeepSeek shares the embedding and output head between the MTP layers and the main
 model, but its checkpoints store copies: a copy equal to the target's tensor is dropped
@@ -49,13 +51,12 @@ def _same_weight(mine: nn.Module, theirs: nn.Module) -> bool:
 
 
 class SharedHead(nn.Module):
+    """A layer's output norm and head (the names are the checkpoint's)."""
+
     def __init__(self, config: Any, with_head: bool) -> None:
         super().__init__()
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.head = ParallelLMHead(config.vocab_size, config.hidden_size) if with_head else None
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(hidden))
 
 
 class DeepSeekMTPLayer(nn.Module):
@@ -70,10 +71,12 @@ class DeepSeekMTPLayer(nn.Module):
         self.mtp_block = DeepseekDecoderLayer(config, layer_idx, version=3,
                                               interleaved_rope=bool(getattr(config, "rope_interleave", True)))
 
-    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, embeds: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))
         x, residual = self.mtp_block(positions, x, None)
-        return x + residual
+        y = x + residual
+        return self.shared_head.norm(y), y
 
 
 class DeepSeekMTP(DraftModel):
@@ -87,6 +90,7 @@ class DeepSeekMTP(DraftModel):
         if n < 1:
             raise ValueError(f"DeepSeekMTP needs num_nextn_predict_layers >= 1 in the config, got {n}")
         start = config.num_hidden_layers
+        self.hidden_size = config.hidden_size
         self.layer_ids = tuple(str(start + i) for i in range(n))
         if weight_names and not any(name.startswith(f"model.layers.{start}.") for name in weight_names):
             raise ValueError(f"the checkpoint has no tensors of its multi-token-prediction layer "
@@ -137,14 +141,14 @@ class DeepSeekMTP(DraftModel):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor, spec_step_idx: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # compute_logits takes no step index: it uses the head of the layer that ran last
-        # (chosen on the host from the pass number, so nothing is read back)
-        self._last_layer = self.layer_ids[spec_step_idx % len(self.layer_ids)]
+        self._last_layer = self.layer_ids[spec_step_idx % len(self.layer_ids)]  # a host choice: nothing read back
         embeds = self.embed_tokens(input_ids)
         # zeroed at position 0 as vLLM does ("not needed by MTP"), so proposals match its
         embeds = embeds.masked_fill((positions == 0).unsqueeze(-1), 0.0)
-        out = self.layers[self._last_layer](embeds, positions, hidden_states)
-        return out, out
+        return self.layers[self._last_layer](embeds, positions, hidden_states)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.layers[self._last_layer].shared_head(hidden_states)
+        # takes no step index: the head of the layer that ran last. Every layer's head is
+        # the target's when the checkpoint copies it (DeepSeek-V3), so a replayed graph,
+        # which leaves _last_layer as the last eager pass set it, picks the right one then
+        return self.layers[self._last_layer].shared_head.head(hidden_states)
