@@ -7,11 +7,14 @@ device table) is reported with its location, and the engine's read of the step's
 results (``AsyncOutput.get``, outside the step) is not.
 
 The last ones audit real steps of a tiny Qwen3 engine (decode, prefill chunks, n-gram
-and draft-model speculation) and assert the exact set of syncs found, so that the list
-below changes only on purpose: removing a sync turns a test red until its entry goes.
-The torch reference twins of the Triton kernels (input prep, post-update, the torch
-attention backend's KV write) sync by design; a GPU runs the Triton kernels instead, so
-they are listed apart from the syncs of the shared hot path.
+and draft-model speculation, async scheduling as on a GPU) and assert the exact set of
+syncs found, so that the lists below change only on purpose: removing a sync turns a
+test red until its entry goes, adding one turns it red until it is listed (or removed).
+Two groups are CPU-only by design and listed apart from the shared hot path (which has
+none left): the torch reference twins of the Triton kernels (input prep, post-update, the
+torch attention backend's KV write), and the exact host lengths that speculation copies
+back for a backend that reads host lengths (the torch reference, not graph-capable); a
+speculative test also runs the branch a graph-capable backend (the GPU's) takes.
 """
 from __future__ import annotations
 
@@ -44,31 +47,25 @@ REFERENCE_TWINS = {
     ("core_runner/kernels/input_prep.py", "post_update_ref", "Tensor.__getitem__: boolean mask"),
     ("core_runner/attention/torch_backend.py", "write_kv_ref", "Tensor.__getitem__: boolean mask"),
 }
-# syncs of the shared hot path, by step kind (known, to be removed)
-HOT_PATH: dict[str, set[tuple[str, str, str]]] = {
-    "decode": set(),
-    "prefill": set(),
-    "ngram": {
-        # the proposing rows are copied to the device with a blocking copy
-        ("core_runner/runner/model_runner.py", "_propose", "torch.tensor: blocking H2D copy"),
-        ("core_runner/runner/spec_decode.py", "write_proposals", "Tensor.__getitem__: boolean mask"),
-    },
-    "draft": {
-        # exact host lengths of the decode passes for the torch backend
-        ("core_runner/runner/drafter.py", "_decode_batch", "Tensor.cpu: blocking D2H copy"),
-        ("core_runner/runner/spec_decode.py", "write_proposals", "Tensor.__getitem__: boolean mask"),
-    },
+# syncs of the shared hot path, which a GPU runs too, by step kind: none left. Before the
+# lead's zero-sync work (07bb33e, e46590c) n-gram steps had two and draft steps one:
+# ("core_runner/runner/model_runner.py", "_propose", "torch.tensor: blocking H2D copy"),
+# ("core_runner/runner/spec_decode.py", "write_proposals", "Tensor.__getitem__: boolean mask").
+HOT_PATH: dict[str, set[tuple[str, str, str]]] = {"decode": set(), "prefill": set(), "ngram": set(), "draft": set()}
+# with speculation the host's lengths are upper bounds while a step is in flight; a backend
+# that reads host lengths gets exact ones copied back (``exact_host_lengths``): a blocking
+# copy per step (and per draft decode pass), skipped by a graph-capable backend
+EXACT_LENGTHS = {
+    "ngram": {("core_runner/runner/model_runner.py", "_build_batch", "Tensor.cpu: blocking D2H copy")},
+    "draft": {("core_runner/runner/model_runner.py", "_build_batch", "Tensor.cpu: blocking D2H copy"),
+              ("core_runner/runner/drafter.py", "_decode_batch", "Tensor.cpu: blocking D2H copy")},
 }
-
-
-def _audit() -> SyncAudit:
-    return SyncAudit(roots=(*DEFAULT_ROOTS, "tests/"))
 
 
 @pytest.fixture
 def d():
-    """Device tensors (tainted) and the audit that knows them."""
-    audit = _audit()
+    """Device tensors (tainted) and an audit that knows them and locates syncs in tests/ too."""
+    audit = SyncAudit(roots=(*DEFAULT_ROOTS, "tests/"))
     ids = torch.tensor([5, 1, 4, 1, 5, 9, 2, 6])
     t = SimpleNamespace(audit=audit, ids=ids, probs=torch.linspace(0.1, 0.8, 8), mask=ids > 3,
                         counts=torch.tensor([1, 0, 2, 1, 0, 1, 1, 0]), idx=torch.tensor([7, 0, 3]))
@@ -284,27 +281,45 @@ def test_prefill_chunk_steps(untied):
     _assert_sites(audit, HOT_PATH["prefill"])
 
 
-def test_ngram_speculative_steps(untied):
+def _exact_lengths(eng, exact: bool) -> None:
+    """The torch backend asks for exact host lengths; ``exact=False`` runs the branch a
+    graph-capable backend takes (the torch backend then reads upper bounds: outputs are
+    not checked there, only which syncs the branch has)."""
+    runner = eng.runner
+    assert runner.exact_host_lengths and (runner.drafter is None or runner.drafter.exact_host_lengths)
+    runner.exact_host_lengths = exact
+    if runner.drafter is not None:
+        runner.drafter.exact_host_lengths = exact
+
+
+BRANCHES = pytest.mark.parametrize("exact", [True, False], ids=["torch-backend", "graph-backend-branch"])
+
+
+@BRANCHES
+def test_ngram_speculative_steps(untied, exact):
     prompts = [[7, 8, 9] * 6, [40, 41, 42, 43] * 4 + random_prompts([5], seed=6)[0]]
     params = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
     eng = make_engine(untied, speculative_config=ngram(3), async_scheduling=True)
+    _exact_lengths(eng, exact)
     with count_host_syncs(eng.runner) as audit:
         tokens = _generate(eng, prompts, params)
     assert eng.scheduler.spec_num_draft_tokens > 0  # verification steps ran
-    _assert_sites(audit, HOT_PATH["ngram"])
-    # the audit changes nothing the engine computes
-    assert _generate(make_engine(untied, speculative_config=ngram(3), async_scheduling=True), prompts, params) == tokens
+    _assert_sites(audit, HOT_PATH["ngram"] | (EXACT_LENGTHS["ngram"] if exact else set()))
+    if exact:  # the audit changes nothing the engine computes
+        plain = make_engine(untied, speculative_config=ngram(3), async_scheduling=True)
+        assert _generate(plain, prompts, params) == tokens
 
 
-def test_draft_model_speculative_steps(untied, tmp_path):
+@BRANCHES
+def test_draft_model_speculative_steps(untied, tmp_path, exact):
     draft = write_draft(tmp_path / "draft", {**TINY, "tie_word_embeddings": False})
     config = EngineConfig(model=untied.path, dtype="float32", device="cpu", max_model_len=128, max_num_seqs=8,
                           block_size=4, num_kv_blocks=260, async_scheduling=True,
                           speculative_config={"method": "eagle", "num_speculative_tokens": 3, "model": draft})
     eng = LLMEngine(config, plugins_with_draft())
-    for i, p in enumerate(random_prompts([5, 12], seed=3)):
-        eng.add_request(p, SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True), req_id=str(i))
+    _exact_lengths(eng, exact)
+    params = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
     with count_host_syncs(eng.runner) as audit:
-        _steps(eng)
+        _generate(eng, random_prompts([5, 12], seed=3), params)
     assert eng.scheduler.spec_num_draft_tokens > 0
-    _assert_sites(audit, HOT_PATH["draft"])
+    _assert_sites(audit, HOT_PATH["draft"] | (EXACT_LENGTHS["draft"] if exact else set()))
