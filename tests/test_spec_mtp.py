@@ -79,7 +79,7 @@ class OneSequence:
                           max_seq_len=self.len + q)
         with set_forward_context(md, TorchPagedAttention(), "torch"):
             out, nxt = self.draft(torch.tensor(tokens), pos, hidden, spec_step_idx=step)
-            logits = self.draft.compute_logits(out)
+            logits = self.draft.compute_logits(out, step)
         self.len += q
         return logits, nxt
 

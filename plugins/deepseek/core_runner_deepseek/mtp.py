@@ -111,7 +111,6 @@ class DeepSeekMTP(DraftModel):
             **expert_packed_mapping(config.n_routed_experts),
             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
         }
-        self._last_layer = first
 
     def map_weight_name(self, name: str) -> str | None:
         """``model.layers.{N + i}.X`` -> this module's name; None for the target's tensors."""
@@ -141,14 +140,13 @@ class DeepSeekMTP(DraftModel):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, hidden_states: torch.Tensor, spec_step_idx: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        self._last_layer = self.layer_ids[spec_step_idx % len(self.layer_ids)]  # a host choice: nothing read back
         embeds = self.embed_tokens(input_ids)
         # zeroed at position 0 as vLLM does ("not needed by MTP"), so proposals match its
         embeds = embeds.masked_fill((positions == 0).unsqueeze(-1), 0.0)
-        return self.layers[self._last_layer](embeds, positions, hidden_states)
+        return self._layer(spec_step_idx)(embeds, positions, hidden_states)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        # takes no step index: the head of the layer that ran last. Every layer's head is
-        # the target's when the checkpoint copies it (DeepSeek-V3), so a replayed graph,
-        # which leaves _last_layer as the last eager pass set it, picks the right one then
-        return self.layers[self._last_layer].shared_head.head(hidden_states)
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        return self._layer(spec_step_idx).shared_head.head(hidden_states)
+
+    def _layer(self, spec_step_idx: int) -> nn.Module:
+        return self.layers[self.layer_ids[spec_step_idx % len(self.layer_ids)]]  # a host choice: nothing read back
