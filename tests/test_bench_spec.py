@@ -46,7 +46,8 @@ def test_prompt_lookup_finds_w2r_continuations():
     for i, (p, _, _) in enumerate(wl):
         table[i, : len(p)] = torch.tensor(p)
     lengths = torch.tensor([len(p) for p, _, _ in wl])
-    proposals = propose_ngram(table, torch.arange(len(wl)), lengths, 3, 5, 5)
+    proposals, matched = propose_ngram(table, torch.arange(len(wl)), lengths, 3, 5, 5)
+    assert bool(matched.all())
     for (p, _, _), got in zip(wl, proposals.tolist()):
         period = _period(p)  # the prompt continued: its next 3 tokens are one period back
         assert got == [p[len(p) - period + j] for j in range(3)]

@@ -121,9 +121,9 @@ def test_draft_cache_shares_the_pool(setup):
     assert any(k.startswith("kv.drafter.") for k in with_draft.debug.paged_caches())
 
 
-def outputs_of(eng, params) -> dict:
-    plist = params if isinstance(params, list) else [params] * len(PROMPTS)
-    done = run(eng, [(str(i), p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, plist))])
+def outputs_of(eng, params, prompts) -> dict:
+    plist = params if isinstance(params, list) else [params] * len(prompts)
+    done = run(eng, [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, plist))])
     return {r: list(o.outputs[0].token_ids) for r, o in done.items()}
 
 
@@ -133,7 +133,8 @@ def test_async_scheduling_keeps_outputs(setup, draft):
     the synchronous loop, with the copying draft (most proposals kept), the random one
     (most rejected) and n-gram proposals, under chunked prefill and a small pool."""
     model = setup["flat"] if draft == "copy" else setup["target"].path
-    want = tokens_of(engine(setup, model), PROMPTS, greedy(16))
+    prompts = PROMPTS if draft else [(p * 4)[:12] for p in PROMPTS]  # n-gram lookups need repeats
+    want = tokens_of(engine(setup, model), prompts, greedy(16))
     kw = dict(max_num_batched_tokens=10, num_kv_blocks=40)
     if draft is None:
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
@@ -141,9 +142,10 @@ def test_async_scheduling_keeps_outputs(setup, draft):
         sync_eng = engine(setup, model, setup[draft] if draft else None, 3, **kw)
         async_eng = engine(setup, model, setup[draft] if draft else None, 3, async_scheduling=True, **kw)
         assert async_eng.plan.async_scheduling and not sync_eng.plan.async_scheduling
-        got = outputs_of(async_eng, params)
-        assert got == outputs_of(sync_eng, params)
+        got = outputs_of(async_eng, params, prompts)
+        assert got == outputs_of(sync_eng, params, prompts)
         if not isinstance(params, list):
             assert got == want
-        assert async_eng.scheduler.spec_num_draft_tokens > 0
+        if draft or not isinstance(params, list):  # sampled text rarely repeats: lookups may not match
+            assert async_eng.scheduler.spec_num_draft_tokens > 0
         assert async_eng.debug.num_free_blocks == 40

@@ -61,6 +61,9 @@ class Request:
     speculative: bool = False
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # whether the proposer found proposals at the last step it ran for the request (n-gram:
+    # a match; a draft model always proposes): without any, the next step does not verify
+    spec_matched: bool = True
 
     def __post_init__(self) -> None:
         sp = self.sampling_params

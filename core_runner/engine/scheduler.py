@@ -174,8 +174,9 @@ class Scheduler:
         """Proposals a decoding request verifies this step: up to num_speculative_tokens, no
         more than its output, max_model_len and the step budget leave room for. With a step
         still in flight (async) the counts are upper bounds: the device knows the true
-        position, and the proposals that step's proposer wrote, so nothing waits for it."""
-        if n != 1 or not req.speculative or not req.output_token_ids:
+        position, and the proposals that step's proposer wrote, so nothing waits for it. A
+        request whose proposer last found nothing (``spec_matched``) decodes one token."""
+        if n != 1 or not req.speculative or not req.output_token_ids or not req.spec_matched:
             return 0
         room_out = req.sampling_params.max_tokens - len(req.output_token_ids) - 1
         return max(0, min(self.num_spec, budget - 1, room_out, self.max_model_len - 1 - num_tokens))
@@ -324,6 +325,7 @@ class Scheduler:
                 self.spec_num_drafts += 1
                 self.spec_num_draft_tokens += k
                 self.spec_num_accepted_tokens += len(kept)
+            req.spec_matched = result.spec_matched.get(req_id, req.spec_matched)
             reason = None
             for token in tokens:
                 req.output_token_ids.append(token)

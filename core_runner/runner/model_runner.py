@@ -24,7 +24,14 @@ from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManag
 from core_runner.runner.drafter import DraftRunner
 from core_runner.runner.output import ModelRunnerOutput
 from core_runner.runner.request_state import RequestState
-from core_runner.runner.spec_decode import SpecExtra, accept, propose_ngram, verification_view, write_proposals
+from core_runner.runner.spec_decode import (
+    ProposalExtra,
+    SpecExtra,
+    accept,
+    propose_ngram,
+    verification_view,
+    write_proposals,
+)
 from core_runner.sample import SamplerOutput, SamplingState, sample
 from core_runner.sample.logprobs import StepLogprobs
 from core_runner.step_data.input_batch import InputBatch, InputBuffers
@@ -252,8 +259,10 @@ class ModelRunner:
         prompt = self.sampling.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, self.sampler_triton)
         # 9. post-update on the device, 10. family post-processing, async copy-out
         self._post_update(batch, num_sched, sampled)
-        self._propose(batch, batch.logits_indices[:n])
+        matched = self._propose(batch, batch.logits_indices[:n])
         extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
+        if matched is not None:
+            extra = ProposalExtra(*matched, extra)
         return AsyncOutput(batch.req_ids, self._flag_non_finite(logits, sampled), None, self.copy_stream, extra)
 
     def _post_update(self, batch: InputBatch, num_sched: torch.Tensor, sampled: torch.Tensor) -> None:
@@ -295,32 +304,36 @@ class ModelRunner:
         counts = v.counts_dev
         tables["num_tokens"].index_add_(0, idx.long(), accepted.to(tables["num_tokens"].dtype))
         self._post_update(batch, (num_sched - counts + accepted).to(num_sched.dtype), final)
-        self._propose(batch, v.logits_indices[v.first + accepted])
+        matched = self._propose(batch, v.logits_indices[v.first + accepted])
         inner = StepLogprobs.collect(v.view.req_ids, out.logprobs, out.logprob_rows, prompt)
+        if matched is not None:
+            inner = ProposalExtra(*matched, inner)
         extra = SpecExtra(batch.req_ids, batch.spec_counts, target, accepted, inner)
         return AsyncOutput(batch.req_ids, self._flag_non_finite(final_logits, final), None, self.copy_stream, extra)
 
-    def _propose(self, batch: InputBatch, sample_idx: torch.Tensor) -> None:
+    def _propose(self, batch: InputBatch, sample_idx: torch.Tensor) -> tuple[list[str], torch.Tensor] | None:
         """Proposals for the speculating requests that sampled this step, written after their
         known tokens (``sample_idx[i]``: the token index of request i's last kept position):
         from the draft model (which also runs over the whole step to fill its KV cache), or
-        n-gram lookups."""
+        n-gram lookups, which also return (request ids, whether each found a match)."""
         if self.spec is None:
-            return
+            return None
         hidden, attn = self._step_states
         self._step_states = None
+        reqs = batch.propose_reqs or []
         if self.drafter is not None:
-            self.drafter.propose(batch, hidden, attn, sample_idx, batch.propose_reqs or [])
-            return
-        rows = batch.idx_mapping_cpu[batch.propose_reqs or []].tolist()
+            self.drafter.propose(batch, hidden, attn, sample_idx, reqs)
+            return None
+        rows = batch.idx_mapping_cpu[reqs].tolist()
         if not rows:
-            return
+            return None
         tables = self.req_state.tables()
         dev = torch.tensor(rows).to(self.device, non_blocking=True)  # torch.tensor(device=) would wait
         s = self.spec
-        proposals = propose_ngram(tables["token_ids"], dev, tables["num_tokens"], s.num_speculative_tokens,
-                                  s.prompt_lookup_min, s.prompt_lookup_max)
+        proposals, matched = propose_ngram(tables["token_ids"], dev, tables["num_tokens"], s.num_speculative_tokens,
+                                           s.prompt_lookup_min, s.prompt_lookup_max)
         write_proposals(tables["token_ids"], dev, tables["num_tokens"], proposals)
+        return [batch.req_ids[i] for i in reqs], matched
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor) -> SamplerOutput:
         return sample(logits, batch, self.sampling, self.sampler_triton)

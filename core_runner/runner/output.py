@@ -23,6 +23,8 @@ class ModelRunnerOutput:
     prompt_logprobs: dict[str, tuple[int, list[dict[int, float]]]] = field(default_factory=dict)
     # speculative decoding: the proposals each verifying request kept, before its sampled token
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # whether the proposer found proposals for the request's next step (n-gram: a match)
+    spec_matched: dict[str, bool] = field(default_factory=dict)
 
 
 EMPTY_OUTPUT = ModelRunnerOutput([], [])

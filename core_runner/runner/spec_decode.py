@@ -87,12 +87,13 @@ def accept(sampled: torch.Tensor, v: Verification, rows: torch.Tensor, num_token
 
 
 def propose_ngram(token_ids: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor, k: int,
-                  min_n: int, max_n: int) -> torch.Tensor:
-    """[len(rows), k] proposals: for each row, the k tokens that followed the most recent
-    earlier occurrence of its last n tokens, for the largest n in [min_n, max_n] that
-    occurs; a row without a match proposes its last token k times (verification rejects
-    what does not match). Known tokens are ``token_ids[row, :num_tokens[row]]``; positions
-    past them propose the last known token. No host synchronisation."""
+                  min_n: int, max_n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """([len(rows), k] proposals, [len(rows)] whether a match was found): for each row, the
+    k tokens that followed the most recent earlier occurrence of its last n tokens, for the
+    largest n in [min_n, max_n] that occurs; a row without a match proposes its last token
+    k times (the scheduler, told through ``ProposalExtra``, does not verify them). Known
+    tokens are ``token_ids[row, :num_tokens[row]]``; positions past them propose the last
+    known token. No host synchronisation."""
     device = token_ids.device
     table = token_ids[rows].long()  # [R, L]
     length = num_tokens[rows].long()  # [R]
@@ -114,7 +115,7 @@ def propose_ngram(token_ids: torch.Tensor, rows: torch.Tensor, num_tokens: torch
     src = best[:, None] + torch.arange(k, device=device)[None, :]
     ok = (best[:, None] >= 0) & (src < length[:, None])
     picked = table.gather(1, src.clamp(0, width - 1))
-    return torch.where(ok, picked, last)
+    return torch.where(ok, picked, last), best >= 0
 
 
 def write_proposals(token_ids: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
@@ -152,3 +153,20 @@ class SpecExtra:
         for i, k in enumerate(self.counts):
             if k:
                 out.spec_token_ids[self.req_ids[i]] = target[i][: accepted[i]]
+
+
+class ProposalExtra:
+    """The host copy of which requests' proposer found something to propose (n-gram: a
+    match), chained with the step's other extras: a request without one is not verified
+    next step (as vLLM's n-gram proposer, which proposes nothing then)."""
+
+    def __init__(self, req_ids: list[str], matched: torch.Tensor, inner=None) -> None:
+        self.req_ids, self.inner = req_ids, inner
+        self.tensors = {"spec.matched": matched}
+        if inner is not None:
+            self.tensors.update(inner.tensors)
+
+    def fill(self, out, host: dict[str, torch.Tensor]) -> None:
+        if self.inner is not None:
+            self.inner.fill(out, host)
+        out.spec_matched.update(zip(self.req_ids, host["spec.matched"].tolist()))
