@@ -14,6 +14,9 @@
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
 #   smoke     fp8 kernel tests + quantization mismatches, prefix cache / ngram equality on CUDA
 #   best      W1 W2 with --best-settings (the defaults must reach 90% of these)     -> qwen_best.json
+#   serve     W2 through core-runner serve, one streaming client per request, vs offline -> serve.json
+#             (installs fastapi/uvicorn from a carried .wheels/ when the image lacks them:
+#             pip download --dest .wheels --only-binary=:all: --python-version 3.12 fastapi uvicorn prometheus_client)
 #   spec      speculative decoding on W2R (W2 with repeated prompts): TPOT, tok/s, acceptance, off vs
 #             n-gram k=3 on the Qwen3-0.6B shape at T 0.6 -> spec.json and greedy -> spec_greedy.json;
 #             off vs MTP k=1 on the deepseek-v3-mtp shape (random weights, first SPEC_MTP_N (128)
@@ -121,6 +124,12 @@ for s in "${STAGES[@]}"; do
           *) echo "unknown spec part $part (ngram, mtp, tests)";;
         esac
       done;;
+    serve)
+      say serve: W2 through core-runner serve, 256 streaming clients, vs offline
+      python3 -c "import fastapi, uvicorn, prometheus_client" 2>/dev/null || python3 -m pip install -q --no-index \
+        --find-links .wheels fastapi uvicorn prometheus_client >>"$LOG/env.log" 2>&1
+      timeout 420 python3 benchmarks/serve_bench.py "${N[@]}" --json "$LOG/serve.json" 2>&1 \
+        | grep -v -e INFO -e Warning | tail -8 | tee -a "$LOG/bench.log";;
     smoke)
       say smoke: fp8 quantization, prefix caching and ngram speculation on CUDA
       timeout 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels/test_fp8_block_matmul.py \
