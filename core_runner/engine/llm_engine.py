@@ -138,6 +138,7 @@ class LLMEngine:
             max_model_len=config.max_model_len, block_size=config.block_size, num_blocks=self.num_blocks,
             chunked_prefill=self.plan.chunked_prefill, enable_prefix_caching=self.plan.prefix_caching,
             num_speculative_tokens=self.plan.num_speculative_tokens,
+            num_lookahead_tokens=self.plan.num_speculative_tokens if self.runner.drafter is not None else 0,
         )
         self.core = EngineCore(scheduler, self.executor, self.plan.async_scheduling)
         self.tokenizer = load_tokenizer(resolve_tokenizer(config, self.model_path))

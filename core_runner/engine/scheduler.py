@@ -45,7 +45,7 @@ class Scheduler:
     def __init__(
         self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
         block_size: int, num_blocks: int, chunked_prefill: bool = True, enable_prefix_caching: bool = False,
-        num_speculative_tokens: int = 0,
+        num_speculative_tokens: int = 0, num_lookahead_tokens: int = 0,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
@@ -61,6 +61,9 @@ class Scheduler:
         # speculative decoding: proposals per decoding request and step (0: off), and the
         # counts behind vLLM's spec_decode metrics (steps that verified, proposed, accepted)
         self.num_spec = num_speculative_tokens
+        # a draft model writes its KV up to this many positions past a step's tokens (vLLM's
+        # num_lookahead_tokens): a step that samples allocates their blocks too
+        self.num_lookahead = num_lookahead_tokens
         self.spec_num_drafts = 0
         self.spec_num_draft_tokens = 0
         self.spec_num_accepted_tokens = 0
@@ -137,9 +140,12 @@ class Scheduler:
         self._preempt(req, out)
         self._forced_preemptions |= out.preempted_req_ids
 
-    # the three helpers below run once per request per step: keep them lean
-    def _grow(self, req: Request, n: int) -> list[int] | None:
-        need = -(-(req.num_computed_tokens + n) // self.block_size) - len(req.block_ids)
+    # the helpers below run once per request per step: keep them lean
+    def _grow(self, req: Request, n: int, num_tokens: int) -> list[int] | None:
+        end = req.num_computed_tokens + n
+        if self.num_lookahead and end >= num_tokens:
+            end = min(end + self.num_lookahead, self.max_model_len)
+        need = -(-end // self.block_size) - len(req.block_ids)
         if need <= 0:
             return []
         if need > self.pool.num_free:
@@ -193,6 +199,10 @@ class Scheduler:
             return
         hashes = extend_hashes(req.block_hashes, req.all_token_ids, self.block_size)
         hit = self.pool.lookup(hashes[: (num_tokens - 1) // self.block_size])
+        if self.num_lookahead:
+            # a draft's KV at a block's last slot read the token after it, which this request
+            # may not share: the last hit block is computed again (vLLM's rule for EAGLE)
+            hit = hit[:-1]
         if hit:
             self.pool.touch(hit)
             req.block_ids = hit
@@ -227,13 +237,13 @@ class Scheduler:
                 i += 1
                 continue
             k = self._spec_tokens(req, n, num_tokens, budget) if self.num_spec else 0
-            new_blocks = self._grow(req, n + k)
+            new_blocks = self._grow(req, n + k, num_tokens)
             while new_blocks is None:
                 victim = self.running[-1]
                 self._preempt(victim, out)
                 if victim is req:
                     break
-                new_blocks = self._grow(req, n + k)
+                new_blocks = self._grow(req, n + k, num_tokens)
             if new_blocks is None:
                 break
             if new_blocks:
@@ -251,7 +261,7 @@ class Scheduler:
                 self._take_cached(req)
             left = req.num_tokens - req.num_computed_tokens
             n = min(left, budget)
-            if (n < left and not self.chunked_prefill) or self._grow(req, n) is None:
+            if (n < left and not self.chunked_prefill) or self._grow(req, n, req.num_tokens) is None:
                 if self.caching and req.block_ids:
                     self._untake_cached(req)
                 break

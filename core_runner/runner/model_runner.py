@@ -12,15 +12,16 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from core_runner.attention.backend import AttentionBackend
+from core_runner.attention.backend import AttentionBackend, AttnMetadata
 from core_runner.config import EngineConfig
 from core_runner.distributed import get_tp_group, use_tp_group
 from core_runner.forward_context import set_forward_context
 from core_runner.kernels.input_prep import post_update_ref, prepare_inputs_ref
-from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
+from core_runner.kv_cache_spec import KVCacheSpec, PagedCacheSpec, RowStateSpec
 from core_runner.model_state import ModelState
 from core_runner.runner.async_output import AsyncOutput
 from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManager, GraphKey
+from core_runner.runner.drafter import DraftRunner
 from core_runner.runner.output import ModelRunnerOutput
 from core_runner.runner.request_state import RequestState
 from core_runner.runner.spec_decode import SpecExtra, accept, propose_ngram, verification_view, write_proposals
@@ -36,7 +37,7 @@ class ModelRunner:
     def __init__(
         self, config: EngineConfig, model: nn.Module, model_state: ModelState, backend: AttentionBackend,
         *, triton_kernels: bool = False, cuda_graphs: bool = False,
-        capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES,
+        capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES, drafter: nn.Module | None = None,
     ) -> None:
         self.config = config
         self.model = model
@@ -65,20 +66,33 @@ class ModelRunner:
         # called with (req_ids, logits) of every real step (core_runner.engine.debug)
         self.logits_hooks: list[Callable[[list[str], torch.Tensor], None]] = []
         self.num_dummy_runs = 0
-        # speculative decoding: the proposer's settings and the rows it proposes for
+        # speculative decoding: the proposer's settings, the rows it proposes for and the
+        # draft model's runner (None for n-gram proposals)
         self.spec = config.speculative_config
         self.spec_rows: set[int] = set()
+        self.drafter = None
+        self._step_states: tuple[torch.Tensor, AttnMetadata] | None = None
+        if drafter is not None:
+            self.drafter = DraftRunner(drafter, self.spec.num_speculative_tokens, self.req_state, model_state, backend,
+                                       "triton" if triton_kernels else "torch", self.block_size, config.max_model_len)
+
+    def cache_specs(self) -> list[KVCacheSpec]:
+        """Every cache to allocate: the ModelState's, then the draft model's (``drafter.``)."""
+        specs = self.model_state.kv_cache_specs()
+        return specs + self.drafter.cache_specs() if self.drafter is not None else specs
 
     # ---- memory -------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        for spec in self.model_state.kv_cache_specs():
+        for spec in self.cache_specs():
             if isinstance(spec, PagedCacheSpec):
                 self.kv_caches[spec.layer_name] = spec.allocate(num_blocks, self.block_size, self.device)
             elif isinstance(spec, RowStateSpec):
                 self.kv_caches[spec.layer_name] = spec.allocate(self.req_state.num_rows, self.device)
             else:
                 raise TypeError(f"unknown cache spec {spec!r}")
-        self.model_state.bind_kv_caches(self.kv_caches)
+        if self.drafter is not None:
+            self.drafter.bind(self.kv_caches)
+        self.model_state.bind_kv_caches({k: v for k, v in self.kv_caches.items() if not k.startswith("drafter.")})
 
     # ---- one step -----------------------------------------------------------------
     @torch.inference_mode()
@@ -117,6 +131,9 @@ class ModelRunner:
         batch = self._build_batch(req_ids, rows, q_lens, computed)
         if out.spec_token_counts:
             batch.spec_counts = [out.spec_token_counts.get(r, 0) for r in req_ids]
+        if self.spec is not None:
+            batch.propose_reqs = [i for i, (r, row) in enumerate(zip(req_ids, rows))
+                                  if row in self.spec_rows and r in out.sample_req_ids]
         return self._run(batch)
 
     def _remove(self, req_ids: set[str] | list[str]) -> None:
@@ -185,7 +202,7 @@ class ModelRunner:
             is_dummy=dummy, num_reqs_padded=r_pad, num_tokens_padded=t_pad, graph_key=key,
         )
 
-    def _forward(self, batch: InputBatch) -> torch.Tensor:
+    def _forward(self, batch: InputBatch) -> tuple[Any, AttnMetadata]:
         # 6. family-specific inputs and metadata; 7. forward (graph replay when one fits)
         if batch.is_dummy:
             extra = self.model_state.prepare_dummy_inputs(batch.num_reqs_padded, batch.num_tokens_padded)
@@ -194,12 +211,16 @@ class ModelRunner:
         attn = self.model_state.prepare_attn(batch)
         key = batch.graph_key
         if key is not None and self.graphs is not None and self.graphs.has(key) and not batch.is_dummy:
-            return self.graphs.replay(key)
+            return self.graphs.replay(key), attn
         with set_forward_context(attn, self.backend, "triton" if self.triton else "torch"):
-            return self.model(batch.input_ids, batch.positions, **extra)
+            return self.model(batch.input_ids, batch.positions, **extra), attn
 
     def _run(self, batch: InputBatch) -> AsyncOutput:
-        hidden = self._forward(batch)
+        out, attn = self._forward(batch)
+        # a target serving an EAGLE-3 draft returns (hidden, the inputs of some layers)
+        hidden, aux = (out[0], torch.cat(out[1], dim=-1)) if isinstance(out, tuple) else (out, None)
+        if self.spec is not None and not batch.is_dummy:  # what the proposer reads after sampling
+            self._step_states = (hidden if aux is None else aux, attn)
         n = batch.num_reqs
         num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
         if not self.generates:
@@ -223,6 +244,7 @@ class ModelRunner:
         prompt = self.sampling.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, self.sampler_triton)
         # 9. post-update on the device, 10. family post-processing, async copy-out
         self._post_update(batch, num_sched, sampled)
+        self._propose(batch, batch.logits_indices[:n])
         extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
         return AsyncOutput(batch.req_ids, self._flag_non_finite(logits, sampled), None, self.copy_stream, extra)
 
@@ -237,8 +259,6 @@ class ModelRunner:
         else:
             post_update_ref(*post_args)
         self.model_state.postprocess_state(batch, sampled)
-        if self.spec is not None:
-            self._propose(batch)
 
     @staticmethod
     def _flag_non_finite(logits: torch.Tensor, sampled: torch.Tensor) -> torch.Tensor:
@@ -267,13 +287,24 @@ class ModelRunner:
         counts = v.counts_dev
         tables["num_tokens"].index_add_(0, idx.long(), accepted.to(tables["num_tokens"].dtype))
         self._post_update(batch, (num_sched - counts + accepted).to(num_sched.dtype), final)
+        self._propose(batch, v.logits_indices[v.first + accepted])
         inner = StepLogprobs.collect(v.view.req_ids, out.logprobs, out.logprob_rows, prompt)
         extra = SpecExtra(batch.req_ids, batch.spec_counts, target, accepted, inner)
         return AsyncOutput(batch.req_ids, self._flag_non_finite(final_logits, final), None, self.copy_stream, extra)
 
-    def _propose(self, batch: InputBatch) -> None:
-        """n-gram proposals for the batch's speculating rows, written after their known tokens."""
-        rows = [r for r in batch.idx_mapping_cpu[: batch.num_reqs].tolist() if r in self.spec_rows]
+    def _propose(self, batch: InputBatch, sample_idx: torch.Tensor) -> None:
+        """Proposals for the speculating requests that sampled this step, written after their
+        known tokens (``sample_idx[i]``: the token index of request i's last kept position):
+        from the draft model (which also runs over the whole step to fill its KV cache), or
+        n-gram lookups."""
+        if self.spec is None:
+            return
+        hidden, attn = self._step_states
+        self._step_states = None
+        if self.drafter is not None:
+            self.drafter.propose(batch, hidden, attn, sample_idx, batch.propose_reqs or [])
+            return
+        rows = batch.idx_mapping_cpu[batch.propose_reqs or []].tolist()
         if not rows:
             return
         tables = self.req_state.tables()

@@ -37,6 +37,8 @@ class InputBatch:
     graph_key: object | None = None
     # speculative decoding: proposals each request verifies this step (None: no request does)
     spec_counts: list[int] | None = None
+    # speculative decoding: the requests (indices) that sample and get proposals after this step
+    propose_reqs: list[int] | None = None
 
 
 class InputBuffers:

@@ -1,0 +1,113 @@
+"""Running a draft model after each target step (see ``core_runner/draft_model.py``).
+
+The first pass goes over every token of the step with the target's positions, slots and
+attention metadata, so the draft's KV cache is filled wherever the target's is (prompt
+chunks included, which keeps a prefix-cached block's draft KV complete). The token a
+position reads is the one after it in the token table, gathered on the device after the
+step's post-update: the next prompt token, an accepted proposal or the token just
+sampled. The draft's output at each sampling request's last accepted position gives
+proposal 1; k - 1 decode passes over those requests give the rest, at positions
+L .. L + k - 2 (L = the request's last known position), whose blocks the scheduler
+allocated ahead (``num_lookahead_tokens``). A position at or past max_model_len writes no
+KV (its proposal could never be verified). Nothing here reads a device value on the host.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from core_runner.attention.backend import AttentionBackend, AttnMetadata
+from core_runner.forward_context import set_forward_context
+from core_runner.kv_cache_spec import KVCacheSpec, collect_kv_cache_specs
+from core_runner.model_state import ModelState
+from core_runner.runner.request_state import RequestState
+from core_runner.runner.spec_decode import write_proposals
+from core_runner.step_data.input_batch import InputBatch
+
+PREFIX = "drafter."
+
+
+class DraftRunner:
+    def __init__(self, model: nn.Module, num_speculative_tokens: int, req_state: RequestState,
+                 model_state: ModelState, backend: AttentionBackend, kernels: str, block_size: int,
+                 max_model_len: int) -> None:
+        self.model, self.k = model, num_speculative_tokens
+        self.req_state, self.model_state, self.backend, self.kernels = req_state, model_state, backend, kernels
+        self.block_size, self.max_model_len = block_size, max_model_len
+        # a backend that cannot be captured reads the host copies of the lengths: give it the
+        # exact ones (it runs the reference path, where a copy back is acceptable)
+        self.exact_host_lengths = not backend.supports_cuda_graphs
+
+    def cache_specs(self) -> list[KVCacheSpec]:
+        return collect_kv_cache_specs(self.model, next(self.model.parameters()).dtype, PREFIX)
+
+    def bind(self, caches: dict[str, Any]) -> None:
+        for name, cache in caches.items():
+            if name.startswith(PREFIX):
+                self.model.get_submodule(name[len(PREFIX):]).kv_cache = cache
+
+    def _run(self, attn: AttnMetadata, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
+             step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with set_forward_context(attn, self.backend, self.kernels):
+            return self.model(input_ids, positions, hidden, step)
+
+    def _tokens(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.draft_token_ids(self.model.compute_logits(hidden))
+
+    def propose(self, batch: InputBatch, target_hidden: torch.Tensor, attn: AttnMetadata,
+                sample_idx: torch.Tensor, reqs: list[int]) -> None:
+        """Run the first pass over the whole step and, for the requests at indices ``reqs``
+        (speculating and sampling this step; ``sample_idx[i]`` = the token index of request
+        i's last accepted position), the decode passes; write their k proposals after their
+        known tokens."""
+        tables = self.req_state.tables()
+        token_ids = tables["token_ids"]
+        n, device = batch.num_reqs, token_ids.device
+        t = target_hidden.shape[0]
+        qsl = batch.query_start_loc[1: n + 1]
+        req_of = torch.searchsorted(qsl, torch.arange(t, device=device, dtype=qsl.dtype), right=True)
+        rows_of = batch.idx_mapping[:n].long()[req_of.clamp_max(n - 1)]
+        positions = batch.positions[:t]
+        ids = token_ids[rows_of, (positions.long() + 1).clamp_max(token_ids.shape[1] - 1)]
+        hidden = self.model.combine_hidden_states(target_hidden)
+        logits_h, next_h = self._run(attn, ids, positions, hidden, 0)
+        if not reqs:
+            return
+        sel = torch.tensor(reqs).to(device, non_blocking=True)
+        at = sample_idx[sel]
+        rows = batch.idx_mapping[:n].long()[sel]
+        proposals = [self._tokens(logits_h[at])]
+        hidden = next_h[at]
+        last = tables["num_tokens"][rows].long() - 1  # the last known position, after post-update
+        for j in range(1, self.k):
+            db = self._decode_batch(batch, rows, reqs, last + (j - 1), proposals[-1])
+            logits_h, hidden = self._run(self.model_state.prepare_attn(db), db.input_ids, db.positions, hidden, j)
+            proposals.append(self._tokens(logits_h))
+        write_proposals(token_ids, rows, tables["num_tokens"], torch.stack(proposals, dim=1))
+
+    def _decode_batch(self, batch: InputBatch, rows: torch.Tensor, reqs: list[int], pos: torch.Tensor,
+                      input_ids: torch.Tensor) -> InputBatch:
+        """One query token per request at ``pos``: slots from the block table, lengths
+        pos + 1; host lengths are bounds (or exact for a backend that reads them)."""
+        m, bs, cap = len(reqs), self.block_size, self.max_model_len
+        device = rows.device
+        tables = self.req_state.tables()
+        block_tables = tables["block_table"][rows]
+        inside = pos < cap
+        pos = pos.clamp_max(cap - 1)
+        block = block_tables.gather(1, (pos // bs)[:, None]).squeeze(1).long()
+        slots = torch.where(inside, block * bs + pos % bs, -1)
+        seq_lens = (pos + 1).to(torch.int32)
+        qsl = torch.arange(m + 1, dtype=torch.int32)
+        seq_cpu = seq_lens.cpu() if self.exact_host_lengths else torch.full((m,), cap, dtype=torch.int32)
+        return InputBatch(
+            req_ids=[batch.req_ids[i] for i in reqs], num_reqs=m, num_tokens=m, idx_mapping=rows.to(torch.int32),
+            idx_mapping_cpu=batch.idx_mapping_cpu[reqs], query_start_loc=qsl.to(device, non_blocking=True),
+            query_start_loc_cpu=qsl, seq_lens=seq_lens, seq_lens_cpu=seq_cpu, num_computed_cpu=seq_cpu - 1,
+            input_ids=input_ids.to(torch.int32), positions=pos, slot_mapping=slots, block_tables=block_tables,
+            logits_indices=torch.arange(m, device=device), max_query_len=1,
+            max_seq_len=int(seq_cpu.max()) if self.exact_host_lengths else cap, num_reqs_padded=m,
+            num_tokens_padded=m,
+        )
