@@ -85,11 +85,14 @@ def write_eagle(path: Path, vocab: int, seed: int, *, prefixed: bool = False, wi
 
 
 def write_eagle3(path: Path, vocab: int, draft_vocab: int, seed: int, *, layer_ids: list[int] | None,
-                 midlayer: bool = True, with_embed: bool = False, arch: str = "LlamaForCausalLMEagle3") -> str:
+                 midlayer: bool = True, with_embed: bool = False, arch: str = "LlamaForCausalLMEagle3",
+                 norm_before_residual: bool = False) -> str:
     """An EAGLE-3 draft: ``fc`` [H, 3H], ``midlayer`` (or ``model.layers.0``) with
     ``hidden_norm`` and q/k/v over 2H, ``norm``, ``lm_head`` over ``draft_vocab`` ids, and
     ``d2t`` mapping them to a random sorted subset of the target's ids (``t2d`` beside it)."""
     cfg = {**DRAFT_BASE, "architectures": [arch], "vocab_size": vocab, "draft_vocab_size": draft_vocab}
+    if norm_before_residual:
+        cfg["norm_before_residual"] = True
     if layer_ids is not None:
         cfg["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": layer_ids, "use_aux_hidden_state": True}
     g = torch.Generator().manual_seed(seed)
@@ -166,12 +169,14 @@ def eagle_ref(path: str, embed: torch.Tensor, ids: torch.Tensor, hidden: torch.T
 
 def eagle3_ref(path: str, embed: torch.Tensor, ids: torch.Tensor, hidden: torch.Tensor,
                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """EAGLE-3's layer: (normed, prenorm) for draft inputs ``hidden`` (fc already applied)."""
+    """EAGLE-3's layer: (normed, prenorm) for draft inputs ``hidden`` (fc already applied);
+    the residual is ``hidden``, or its normed self with ``norm_before_residual``."""
     cfg, w = weights(path)
     embed, eps, p = w.get("embed_tokens.weight", embed), cfg["rms_norm_eps"], "layers.0."
     embeds = rms(embed[ids], w[f"{p}input_layernorm.weight"], eps)
-    x = torch.cat([embeds, rms(hidden, w[f"{p}hidden_norm.weight"], eps)], -1)
-    s = hidden + attention(x, w, f"{p}self_attn.", cfg, positions)
+    normed = rms(hidden, w[f"{p}hidden_norm.weight"], eps)
+    x = torch.cat([embeds, normed], -1)
+    s = (normed if cfg.get("norm_before_residual") else hidden) + attention(x, w, f"{p}self_attn.", cfg, positions)
     pre = s + mlp(rms(s, w[f"{p}post_attention_layernorm.weight"], eps), w, f"{p}mlp.")
     return rms(pre, w["norm.weight"], eps), pre
 

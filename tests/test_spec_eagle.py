@@ -17,6 +17,7 @@ import json
 import pytest
 import torch
 from eagle_fixtures import OneSequence, eagle3_ref, eagle_ref, weights, write_eagle, write_eagle3
+from helpers import drain, greedy, make_engine, random_prompts, run, sampled, step_until
 
 from core_runner.executor.draft import DraftSpec, build_draft
 from core_runner.loader import build_model, load_hf_config
@@ -108,6 +109,7 @@ EAGLE_VARIANTS = {
 EAGLE3_VARIANTS = {
     "midlayer": dict(layer_ids=list(TARGET_LAYERS_QWEN3)),
     "layers0-embed": dict(layer_ids=[1, 0, 1], midlayer=False, with_embed=True, arch="Eagle3LlamaForCausalLM"),
+    "norm-before-residual": dict(layer_ids=list(TARGET_LAYERS_QWEN3), norm_before_residual=True),
 }
 
 
@@ -197,6 +199,155 @@ def test_eagle3_default_target_layers(registry, untied, tmp_path):
     draft = Eagle3LlamaForCausalLM(cfg, tcfg, frozenset(["d2t"]))
     assert draft.aux_hidden_state_layers(tcfg) == (2, 14, 25)
     assert tuple(draft.fc.weight.shape) == (64, 3 * 64)
+
+
+# ---------------------------------------------------------------------------------
+# through the engine
+# ---------------------------------------------------------------------------------
+# the target layers each EAGLE-3 draft reads (the Qwen3 target has two layers, the template three)
+E2E_LAYERS = {"qwen3": [0, 1, 1], "template": [0, 1, 2]}
+
+
+@pytest.fixture(scope="module")
+def drafted(tmp_path_factory, untied, template_target):
+    """{(target, method): (target checkpoint, draft path)}: a random draft of each kind per target."""
+    root = tmp_path_factory.mktemp("eagle_drafts")
+    out = {}
+    for name, ckpt in (("qwen3", untied), ("template", template_target)):
+        out[name, "eagle"] = ckpt, write_eagle(root / f"{name}-eagle", ckpt.vocab, seed=21)
+        out[name, "eagle3"] = ckpt, write_eagle3(root / f"{name}-eagle3", ckpt.vocab, draft_vocab=64, seed=22,
+                                                 layer_ids=E2E_LAYERS[name])
+    return out
+
+
+def spec(method: str, k: int, path: str) -> dict:
+    return {"method": method, "num_speculative_tokens": k, "model": path}
+
+
+def all_tokens(engine, prompts: list[list[int]], params) -> dict:
+    plist = params if isinstance(params, list) else [params] * len(prompts)
+    outs = run(engine, [(str(i), p, sp) for i, (p, sp) in enumerate(zip(prompts, plist))])
+    return {r: list(o.outputs[0].token_ids) for r, o in outs.items()}
+
+
+def verifying(steps, req_id: str, prompt_len: int):
+    return lambda: any(s.num_scheduled.get(req_id, 0) > 1 and s.num_computed[req_id] >= prompt_len for s in steps)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("target", ["qwen3", "template"])
+def test_greedy_equal_without_speculation(drafted, target, method, k):
+    """One-step and chunked prefill (8-token budget), with a request preempted while it
+    verifies proposals: the random draft's proposals are mostly rejected, and every
+    output equals the target's own greedy output."""
+    ckpt, path = drafted[target, method]
+    prompts = random_prompts([3, 9, 17, 30, 5], seed=21, vocab=ckpt.vocab)
+    want = all_tokens(make_engine(ckpt), prompts, greedy(16))
+    engine = make_engine(ckpt, speculative_config=spec(method, k, path))
+    assert all_tokens(engine, prompts, greedy(16)) == want
+    assert engine.scheduler.spec_num_draft_tokens > 0
+    engine = make_engine(ckpt, speculative_config=spec(method, k, path), max_num_batched_tokens=8, max_num_seqs=4)
+    steps = engine.debug.record_steps()
+    for i, p in enumerate(prompts):
+        engine.add_request(p, greedy(16), req_id=str(i))
+    done: dict = {}
+    step_until(engine, done, verifying(steps, "3", len(prompts[3])))
+    engine.debug.preempt("3")
+    drain(engine, done)
+    assert {r: list(o.outputs[0].token_ids) for r, o in done.items()} == want
+    assert done["3"].num_preemptions == 1 and done["3"].num_draft_tokens > 0
+    assert max(s.num_tokens for s in steps) <= 8
+
+
+@pytest.mark.parametrize("method", ["eagle", "eagle3"])
+@pytest.mark.parametrize("target", ["qwen3", "template"])
+def test_seeded_sampling_equal_without_speculation(drafted, target, method):
+    ckpt, path = drafted[target, method]
+    prompts = random_prompts([4, 12, 20], seed=9, vocab=ckpt.vocab)
+    params = [sampled(14, seed=100 + i, temperature=0.8, top_p=0.9) for i in range(len(prompts))]
+    want = all_tokens(make_engine(ckpt), prompts, params)
+    engine = make_engine(ckpt, speculative_config=spec(method, 3, path))
+    assert all_tokens(engine, prompts, params) == want
+    assert engine.scheduler.spec_num_draft_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def copied(tmp_path_factory, single_torch_thread):
+    """A one-layer Qwen3 target whose attention adds nothing (o_proj zero) and whose final
+    norm is all ones, so its next-token logits are lm_head(s / rms(s)) with s = e + mlp(
+    post_attention_layernorm(e)), e the embedding of the current token; and an EAGLE draft
+    that computes lm_head(s) from the token it reads: fc = [I | 0] keeps the embedding,
+    its attention adds nothing, its MLP and post-attention norm are the target's, its
+    embedding and LM head are shared. It proposes the target's greedy tokens."""
+    import transformers
+    from helpers import TINY, Checkpoint
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("eagle_copy")
+    torch.manual_seed(7)
+    hf = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**{**TINY, "num_hidden_layers": 1,
+                                                                   "tie_word_embeddings": False})).float().eval()
+    layer = hf.model.layers[0]
+    with torch.no_grad():
+        layer.self_attn.o_proj.weight.zero_()
+        hf.model.norm.weight.fill_(1.0)
+    hf.save_pretrained(str(root / "target"))
+    path = write_eagle(root / "draft", TINY["vocab_size"], seed=8)
+    w = load_file(f"{path}/model.safetensors")
+    h = TINY["hidden_size"]
+    w["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    w["layers.0.self_attn.o_proj.weight"].zero_()
+    w["layers.0.post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.detach().clone()
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        w[f"layers.0.mlp.{proj}.weight"] = getattr(layer.mlp, proj).weight.detach().clone()
+    # the draft's MLP is as wide as the target's
+    cfg = json.loads((root / "draft" / "config.json").read_text())
+    (root / "draft" / "config.json").write_text(json.dumps({**cfg, "intermediate_size": TINY["intermediate_size"]}))
+    save_file(w, f"{path}/model.safetensors")
+    return Checkpoint("copied", str(root / "target"), hf), path
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_eagle_draft_that_copies_the_target_is_accepted(copied, k):
+    ckpt, path = copied
+    prompts = random_prompts([3, 9, 17, 30, 5], seed=21)
+    want = all_tokens(make_engine(ckpt), prompts, greedy(24))
+    engine = make_engine(ckpt, speculative_config=spec("eagle", k, path))
+    assert all_tokens(engine, prompts, greedy(24)) == want
+    s = engine.scheduler
+    assert s.spec_num_draft_tokens >= 20 * k, s.spec_num_draft_tokens
+    rate = s.spec_num_accepted_tokens / s.spec_num_draft_tokens
+    assert rate >= 0.9, f"k={k}: {s.spec_num_accepted_tokens} of {s.spec_num_draft_tokens} proposals accepted"
+
+
+
+@pytest.mark.parametrize("case", ["eagle-copied", "eagle3-qwen3"])
+def test_tensor_parallel_equal_to_one_rank(drafted, copied, case, single_torch_thread):
+    """Two ranks (gloo): the drafts' attention heads and MLP split, the shared embedding
+    and LM head split over the vocabulary, EAGLE-3's states whole on every rank; outputs
+    equal the one-rank target's without speculation (and the copying draft is still
+    accepted)."""
+    from core_runner import LLM
+
+    ckpt, path = copied if case == "eagle-copied" else drafted["qwen3", "eagle3"]
+    method = case.split("-")[0]
+    prompts = random_prompts([5, 17, 9], seed=31, vocab=ckpt.vocab)
+    params = [greedy(16), sampled(16, seed=5, temperature=0.8, top_p=0.9), greedy(16)]
+    want = all_tokens(make_engine(ckpt), prompts, params)
+    llm = LLM(ckpt.path, tensor_parallel_size=2, speculative_config=spec(method, 3, path), device="cpu",
+              dtype="float32", max_model_len=128, block_size=4, max_num_seqs=4, max_num_batched_tokens=16,
+              num_kv_blocks=128)
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.engine.shutdown()
+    assert {str(i): list(o.outputs[0].token_ids) for i, o in enumerate(outs)} == want
+    assert all(o.num_draft_tokens > 0 for o in outs)
+    if case == "eagle-copied":  # the greedy requests: the sampled one keeps fewer greedy proposals
+        drafted_n, accepted = (sum(getattr(outs[i], a) for i in (0, 2)) for a in ("num_draft_tokens",
+                                                                                  "num_accepted_tokens"))
+        assert accepted >= 0.9 * drafted_n, (accepted, drafted_n)
 
 
 # ---------------------------------------------------------------------------------

@@ -65,6 +65,8 @@ def check_llama_draft(config: Any, method: str) -> None:
         raise ValueError(f"{method} draft: hidden_act={act!r} is not supported, only 'silu'")
     if getattr(config, "mlp_bias", False):
         raise ValueError(f"{method} draft: mlp_bias=True is not supported")
+    if getattr(config, "add_para_norm", False):
+        raise ValueError(f"{method} draft: add_para_norm=True (HASS's extra norms) is not supported")
 
 
 def shared_module(target: nn.Module, paths: tuple[str, ...], what: str) -> nn.Module:

@@ -152,7 +152,21 @@ class Qwen3Model(nn.Module):
         return (x, aux) if self.aux_layers else x
 
 
-class Qwen3ForCausalLM(nn.Module):
+class AuxHiddenStates:
+    """vLLM's EAGLE-3 target methods, for a causal LM whose ``model`` is a Qwen3Model."""
+
+    model: Qwen3Model
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        """From now on ``forward`` returns (hidden, [residual stream entering each listed
+        layer, in layer order])."""
+        self.model.aux_layers = check_aux_layers(layers, len(self.model.layers))
+
+    def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        return eagle3_default_layers(len(self.model.layers))
+
+
+class Qwen3ForCausalLM(AuxHiddenStates, nn.Module):
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
@@ -170,13 +184,6 @@ class Qwen3ForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
         if tied:  # some checkpoints store the shared matrix twice
             self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
-
-    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
-        """From now on ``forward`` returns (hidden, [input of each listed layer])."""
-        self.model.aux_layers = check_aux_layers(layers, len(self.model.layers))
-
-    def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
-        return eagle3_default_layers(len(self.model.layers))
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor
