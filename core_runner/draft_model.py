@@ -30,6 +30,10 @@ from torch import nn
 
 
 class DraftModel(nn.Module):
+    # the width of the hidden state a decode pass reads (``forward``'s second output): the
+    # runner sizes the static buffers of the decode passes' CUDA graphs with it
+    hidden_size: int
+
     def aux_hidden_state_layers(self, target_config: Any) -> tuple[int, ...] | None:
         """None: the draft reads the hidden states the target's forward returns. A tuple
         (EAGLE-3): the inputs of these target layers, concatenated on the last dim; the

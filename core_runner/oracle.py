@@ -149,11 +149,6 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
                 f"{reg.architecture} declares {cap.state}{': ' + cap.reason if cap.reason else ''}; leave "
                 "speculative_config=None"
             )
-        if async_sched:
-            # the scheduler must know how many proposed tokens were accepted before it plans
-            # the next step; the one-step-ahead (zero-sync) path is not implemented yet
-            downgrade("async scheduling", "speculative decoding runs with synchronous scheduling")
-            async_sched = False
     return ExecutionPlan(attention, kernels, graphs, async_sched, chunk.supported, tuple(downgrades),
                          prefix_caching=prefix_caching, num_speculative_tokens=spec.num_speculative_tokens
                          if spec is not None else 0)

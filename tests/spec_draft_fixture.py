@@ -32,6 +32,7 @@ class TinyDraft(DraftModel):
         self.lm_head = Linear(h, config.vocab_size)
         self.sizes = [heads * d, kv * d, kv * d]
         self.shape = (heads, kv, d)
+        self.hidden_size = h
 
     def forward(self, input_ids, positions, hidden_states, spec_step_idx=0):
         x = self.fc(torch.cat([self.embed_tokens(input_ids), hidden_states], dim=-1))
@@ -71,6 +72,33 @@ def write_draft(path: Path, target_config: dict, seed: int = 3, scale: float = 0
 
 TinyDraft.packed_modules_mapping = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"),
                                     "v_proj": ("qkv_proj", "v")}
+
+
+def write_copying_pair(root: Path, cfg: dict, seed: int = 1) -> tuple[str, str]:
+    """(target, draft) paths: a Qwen3 target whose attention adds nothing (o_proj zero, so
+    each position's logits depend on its own token only) and a TinyDraft that copies it:
+    its embedding row of token t is the target's final hidden state for t, its fc keeps
+    the embedding, its attention adds nothing and its LM head is the target's, so it
+    proposes exactly the target's next greedy token."""
+    import transformers
+    from safetensors.torch import load_file
+
+    torch.manual_seed(seed)
+    flat = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg)).float().eval()
+    with torch.no_grad():
+        for layer in flat.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+        per_token = flat.model(input_ids=torch.arange(cfg["vocab_size"])[:, None]).last_hidden_state[:, 0]
+    flat.save_pretrained(str(root / "flat"))
+    copy = write_draft(root / "copy", cfg)
+    w = load_file(str(Path(copy) / "model.safetensors"))
+    h = cfg["hidden_size"]
+    w["embed_tokens.weight"] = per_token.contiguous()
+    w["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    w["o_proj.weight"] = torch.zeros_like(w["o_proj.weight"])
+    w["lm_head.weight"] = flat.lm_head.weight.detach().clone()
+    save_file(w, str(Path(copy) / "model.safetensors"))
+    return str(root / "flat"), copy
 
 
 def plugins_with_draft():

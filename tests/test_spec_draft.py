@@ -5,13 +5,10 @@ attention-free target, chunked prefill, preemption, prefix caching, the draft's 
 the KV pool and the blocks taken ahead for it."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from helpers import TINY, Checkpoint, greedy, random_prompts, run
-from safetensors.torch import load_file, save_file
-from spec_draft_fixture import plugins_with_draft, write_draft
+from spec_draft_fixture import plugins_with_draft, write_copying_pair, write_draft
 from test_spec_decode import seeded
 
 from core_runner.config import EngineConfig
@@ -21,10 +18,7 @@ from core_runner.engine.llm_engine import LLMEngine
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     """A Qwen3 target with random weights, a random draft for it, and an attention-free
-    target (o_proj zero: each position's logits depend on its own token only) with a draft
-    that copies it: the draft's embedding row of token t is the target's final hidden state
-    for t, its fc keeps the embedding, its attention adds nothing and its LM head is the
-    target's, so it proposes exactly the target's next greedy token."""
+    target with a draft that copies it (``write_copying_pair``)."""
     import transformers
 
     root = tmp_path_factory.mktemp("spec_draft")
@@ -35,22 +29,8 @@ def setup(tmp_path_factory):
     target = Checkpoint("target", str(root / "target"), hf)
     draft = write_draft(root / "draft", cfg)
 
-    torch.manual_seed(1)
-    flat = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg)).float().eval()
-    with torch.no_grad():
-        for layer in flat.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-        per_token = flat.model(input_ids=torch.arange(cfg["vocab_size"])[:, None]).last_hidden_state[:, 0]
-    flat.save_pretrained(str(root / "flat"))
-    copy = write_draft(root / "copy", cfg)
-    w = load_file(str(Path(copy) / "model.safetensors"))
-    h = cfg["hidden_size"]
-    w["embed_tokens.weight"] = per_token.contiguous()
-    w["fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
-    w["o_proj.weight"] = torch.zeros_like(w["o_proj.weight"])
-    w["lm_head.weight"] = flat.lm_head.weight.detach().clone()
-    save_file(w, str(Path(copy) / "model.safetensors"))
-    return {"target": target, "draft": draft, "flat": str(root / "flat"), "copy": copy, "pm": plugins_with_draft()}
+    flat, copy = write_copying_pair(root, cfg)
+    return {"target": target, "draft": draft, "flat": flat, "copy": copy, "pm": plugins_with_draft()}
 
 
 def engine(setup, model: str, draft: str | None = None, k: int = 3, **kw):
@@ -139,3 +119,31 @@ def test_draft_cache_shares_the_pool(setup):
     # the draft's one attention layer (2 KV heads of 16) next to the target's two
     assert with_draft.memory_report()["kv_bytes_per_token"] == plain * 3 // 2
     assert any(k.startswith("kv.drafter.") for k in with_draft.debug.paged_caches())
+
+
+def outputs_of(eng, params) -> dict:
+    plist = params if isinstance(params, list) else [params] * len(PROMPTS)
+    done = run(eng, [(str(i), p, sp) for i, (p, sp) in enumerate(zip(PROMPTS, plist))])
+    return {r: list(o.outputs[0].token_ids) for r, o in done.items()}
+
+
+@pytest.mark.parametrize("draft", ["copy", "draft", None])
+def test_async_scheduling_keeps_outputs(setup, draft):
+    """One step in flight while the next is planned from upper bounds: the same tokens as
+    the synchronous loop, with the copying draft (most proposals kept), the random one
+    (most rejected) and n-gram proposals, under chunked prefill and a small pool."""
+    model = setup["flat"] if draft == "copy" else setup["target"].path
+    want = tokens_of(engine(setup, model), PROMPTS, greedy(16))
+    kw = dict(max_num_batched_tokens=10, num_kv_blocks=40)
+    if draft is None:
+        kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2}
+    for params in (greedy(16), [seeded(16, 7 + i, 0.8, 0.9) for i in range(len(PROMPTS))]):
+        sync_eng = engine(setup, model, setup[draft] if draft else None, 3, **kw)
+        async_eng = engine(setup, model, setup[draft] if draft else None, 3, async_scheduling=True, **kw)
+        assert async_eng.plan.async_scheduling and not sync_eng.plan.async_scheduling
+        got = outputs_of(async_eng, params)
+        assert got == outputs_of(sync_eng, params)
+        if not isinstance(params, list):
+            assert got == want
+        assert async_eng.scheduler.spec_num_draft_tokens > 0
+        assert async_eng.debug.num_free_blocks == 40

@@ -129,6 +129,11 @@ CHECKS: tuple[Check, ...] = (
        "A row reused after a speculative request behaves as fresh: greedy and seeded requests that take it give "
        "the same tokens, and logits within 1e-4 at every output token, as in a fresh engine.",
        capability="speculative_decoding"),
+    _c("CR-SPEC-03", "example", "checks_spec_draft:own_draft_equals_plain_decoding",
+       "With the family's own draft model (a draft registered for the architecture itself, e.g. MTP layers; "
+       "random weights from the example's config), CR-SPEC-01's workload gives the same tokens and logits as "
+       "without speculation, under chunked prefill and a preemption; proposals were made. Not applicable to a "
+       "family without one.", capability="speculative_decoding"),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),

@@ -326,10 +326,11 @@ class Ctx:
         opts: dict[str, Any] = dict(dtype=self.tolerance.dtype, device="cpu", max_model_len=self.max_model_len(128),
                                     max_num_seqs=8, block_size=4, strict=False)
         opts.update(overrides)
+        model = opts.pop("model", str(self.ref.path))  # another checkpoint of the example (a variant)
         sizes = [opts["max_num_seqs"], opts["max_model_len"], opts["block_size"]]
         if "num_kv_blocks" not in overrides and all(isinstance(v, int) and v > 0 for v in sizes):
             opts["num_kv_blocks"] = opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"])
-        return LLM(str(self.ref.path), plugins=self.pm, memory_probe=memory_probe, **opts)
+        return LLM(model, plugins=self.pm, memory_probe=memory_probe, **opts)
 
     def engine(self, memory_probe: Callable[[torch.device], int] | None = None, **overrides: Any) -> Any:
         return self.llm(memory_probe, **overrides).engine

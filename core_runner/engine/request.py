@@ -26,8 +26,11 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
     num_computed_tokens: int = 0
-    # tokens scheduled to be sampled whose values have not come back yet (async)
+    # tokens scheduled to be sampled whose values have not come back yet (async), and the
+    # proposals those steps verify: each may come back as a token, so the host counts them
+    # as tokens (and as computed) until the step's result says how many were kept
     num_pending: int = 0
+    num_inflight_drafts: int = 0
     block_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     num_preemptions: int = 0
@@ -81,8 +84,9 @@ class Request:
 
     @property
     def num_tokens(self) -> int:
-        """Known tokens plus the ones already scheduled to be sampled."""
-        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending
+        """Known tokens plus the ones already scheduled to be sampled, proposals in flight
+        counted as accepted (an upper bound until their step's result is applied)."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids) + self.num_pending + self.num_inflight_drafts
 
     @property
     def fully_scheduled(self) -> bool:

@@ -111,7 +111,7 @@ class Scheduler:
         for req_id in req_ids:
             req = self.requests.get(req_id)
             if req is not None:
-                req.num_pending = 0
+                req.num_pending = req.num_inflight_drafts = 0
                 self._finish(req, "error", uncache=True)
                 failed.append(req)
         return failed
@@ -172,8 +172,10 @@ class Scheduler:
 
     def _spec_tokens(self, req: Request, n: int, num_tokens: int, budget: int) -> int:
         """Proposals a decoding request verifies this step: up to num_speculative_tokens, no
-        more than its output, max_model_len and the step budget leave room for."""
-        if n != 1 or not req.speculative or req.num_pending or not req.output_token_ids:
+        more than its output, max_model_len and the step budget leave room for. With a step
+        still in flight (async) the counts are upper bounds: the device knows the true
+        position, and the proposals that step's proposer wrote, so nothing waits for it."""
+        if n != 1 or not req.speculative or not req.output_token_ids:
             return 0
         room_out = req.sampling_params.max_tokens - len(req.output_token_ids) - 1
         return max(0, min(self.num_spec, budget - 1, room_out, self.max_model_len - 1 - num_tokens))
@@ -250,7 +252,8 @@ class Scheduler:
                 out.new_block_ids[req.req_id] = new_blocks
             if k:
                 out.spec_token_counts[req.req_id] = k
-            self._commit(req, n + k, num_tokens, out)
+                req.num_inflight_drafts += k
+            self._commit(req, n + k, num_tokens + k, out)
             budget -= n + k
             i += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
@@ -313,7 +316,9 @@ class Scheduler:
             if k:
                 kept = result.spec_token_ids.get(req_id, [])
                 tokens = kept + tokens
-                req.num_computed_tokens -= k - len(kept)  # rejected proposals' slots are rewritten
+                req.num_inflight_drafts -= k
+                if req.status == RequestStatus.RUNNING:  # a preempted request computes from 0 again
+                    req.num_computed_tokens -= k - len(kept)  # rejected proposals' slots are rewritten
                 req.num_draft_tokens += k
                 req.num_accepted_tokens += len(kept)
                 self.spec_num_drafts += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 import bisect
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -65,15 +65,8 @@ class CudaGraphManager:
         return None
 
     def capture(self, key: GraphKey, run: Callable[[], torch.Tensor]) -> None:
-        """Warm up ``run`` once, then record it; its output tensor is the replay output."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            run()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            out = run()
+        """Warm up ``run`` once, then record it; its output is the replay output."""
+        graph, out = capture_graph(run, self.pool)
         self.pool = graph.pool()
         self.graphs[key] = (graph, out)
 
@@ -85,3 +78,18 @@ class CudaGraphManager:
         graph.replay()
         self.replays[key] = self.replays.get(key, 0) + 1
         return out
+
+
+def capture_graph(run: Callable[[], Any], pool: Any = None) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Warm ``run`` up once on a side stream, then record it into a graph drawing on
+    ``pool`` (graphs that never replay at the same time share one); returns the graph
+    and ``run``'s output, which every replay overwrites."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        run()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = run()
+    return graph, out

@@ -10,9 +10,16 @@ proposal 1; k - 1 decode passes over those requests give the rest, at positions
 L .. L + k - 2 (L = the request's last known position), whose blocks the scheduler
 allocated ahead (``num_lookahead_tokens``). A position at or past max_model_len writes no
 KV (its proposal could never be verified). Nothing here reads a device value on the host.
+
+With CUDA graphs the decode passes replay graphs captured per padded request count and
+pass (a draft may pick its layer by pass): their inputs are copied into static buffers,
+padded requests hold no query token and write no slot. The first pass runs eagerly (its
+shape is the step's, like a prefill).
 """
 from __future__ import annotations
 
+import bisect
+import logging
 from typing import Any
 
 import torch
@@ -22,11 +29,13 @@ from core_runner.attention.backend import AttentionBackend, AttnMetadata
 from core_runner.forward_context import set_forward_context
 from core_runner.kv_cache_spec import KVCacheSpec, collect_kv_cache_specs
 from core_runner.model_state import ModelState
+from core_runner.runner.cuda_graphs import capture_graph
 from core_runner.runner.request_state import RequestState
 from core_runner.runner.spec_decode import write_proposals
 from core_runner.step_data.input_batch import InputBatch
 
 PREFIX = "drafter."
+logger = logging.getLogger(__name__)
 
 
 class DraftRunner:
@@ -39,6 +48,10 @@ class DraftRunner:
         # a backend that cannot be captured reads the host copies of the lengths: give it the
         # exact ones (it runs the reference path, where a copy back is acceptable)
         self.exact_host_lengths = not backend.supports_cuda_graphs
+        self.graphs: dict[tuple[int, int], tuple[Any, Any]] = {}  # (padded requests, pass) -> (graph, output)
+        self.sizes: list[int] = []
+        self.num_replays = 0
+        self.static: dict[str, torch.Tensor] = {}
 
     def cache_specs(self) -> list[KVCacheSpec]:
         return collect_kv_cache_specs(self.model, next(self.model.parameters()).dtype, PREFIX)
@@ -83,7 +96,11 @@ class DraftRunner:
         last = tables["num_tokens"][rows].long() - 1  # the last known position, after post-update
         for j in range(1, self.k):
             db = self._decode_batch(batch, rows, reqs, last + (j - 1), proposals[-1])
-            logits_h, hidden = self._run(self.model_state.prepare_attn(db), db.input_ids, db.positions, hidden, j)
+            size = self._graph_size(len(reqs))
+            if size is None:
+                logits_h, hidden = self._run(self.model_state.prepare_attn(db), db.input_ids, db.positions, hidden, j)
+            else:
+                logits_h, hidden = self._replay(db, hidden, size, j)
             proposals.append(self._tokens(logits_h))
         write_proposals(token_ids, rows, tables["num_tokens"], torch.stack(proposals, dim=1))
 
@@ -111,3 +128,69 @@ class DraftRunner:
             max_seq_len=int(seq_cpu.max()) if self.exact_host_lengths else cap, num_reqs_padded=m,
             num_tokens_padded=m,
         )
+
+    # ---- CUDA graphs of the decode passes ---------------------------------------------
+    def capture(self, sizes: list[int], pool: Any) -> Any:
+        """Capture the decode passes for these padded request counts (after the caches are
+        bound); returns the memory pool, shared with the target's graphs."""
+        if self.k < 2 or not sizes:
+            return pool
+        m, device = max(sizes), next(self.model.parameters()).device
+        dtype = next(self.model.parameters()).dtype
+        width = self.req_state.tables()["block_table"].shape[1]
+        i32, i64 = torch.int32, torch.int64
+        self.static = {
+            "input_ids": torch.zeros(m, dtype=i32, device=device),
+            "positions": torch.zeros(m, dtype=i64, device=device),
+            "hidden": torch.zeros(m, self.model.hidden_size, dtype=dtype, device=device),
+            "slot_mapping": torch.full((m,), -1, dtype=i64, device=device),
+            "seq_lens": torch.zeros(m, dtype=i32, device=device), "qsl": torch.zeros(m + 1, dtype=i32, device=device),
+            "block_tables": torch.zeros(m, width, dtype=i32, device=device),
+        }
+        for size in sorted(sizes, reverse=True):
+            db = self._static_batch(size)
+            attn = self.model_state.prepare_attn(db, for_capture=True)
+            for j in range(1, self.k):
+                def run(db=db, attn=attn, j=j):
+                    return self._run(attn, db.input_ids, db.positions, self.static["hidden"][: db.num_reqs], j)
+
+                graph, out = capture_graph(run, pool)
+                pool = graph.pool()
+                self.graphs[(size, j)] = (graph, out)
+        self.sizes = sorted(sizes)
+        logger.info("captured %d CUDA graphs of the draft's decode passes", len(self.graphs))
+        return pool
+
+    def _graph_size(self, m: int) -> int | None:
+        i = bisect.bisect_left(self.sizes, m)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def _static_batch(self, size: int) -> InputBatch:
+        s, cap = self.static, self.max_model_len
+        return InputBatch(
+            req_ids=[f"draft-pad-{i}" for i in range(size)], num_reqs=size, num_tokens=size,
+            idx_mapping=torch.zeros(size, dtype=torch.int32, device=s["qsl"].device),
+            idx_mapping_cpu=torch.zeros(size, dtype=torch.int32), query_start_loc=s["qsl"][: size + 1],
+            query_start_loc_cpu=torch.arange(size + 1, dtype=torch.int32), seq_lens=s["seq_lens"][:size],
+            seq_lens_cpu=torch.full((size,), cap, dtype=torch.int32),
+            num_computed_cpu=torch.zeros(size, dtype=torch.int32), input_ids=s["input_ids"][:size],
+            positions=s["positions"][:size], slot_mapping=s["slot_mapping"][:size],
+            block_tables=s["block_tables"][:size], logits_indices=torch.arange(size, device=s["qsl"].device),
+            max_query_len=1, max_seq_len=cap, num_reqs_padded=size, num_tokens_padded=size,
+        )
+
+    def _replay(self, db: InputBatch, hidden: torch.Tensor, size: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the pass's inputs into the static buffers (padding: no query, no slot), replay."""
+        s, m = self.static, db.num_reqs
+        for name, src in (("input_ids", db.input_ids), ("positions", db.positions), ("hidden", hidden),
+                          ("slot_mapping", db.slot_mapping), ("seq_lens", db.seq_lens),
+                          ("block_tables", db.block_tables)):
+            s[name][:m].copy_(src)
+        s["slot_mapping"][m:size].fill_(-1)
+        s["seq_lens"][m:size].zero_()
+        s["qsl"][: m + 1].copy_(db.query_start_loc)
+        s["qsl"][m + 1: size + 1].fill_(m)
+        graph, (logits_h, next_h) = self.graphs[(size, step)]
+        graph.replay()
+        self.num_replays += 1
+        return logits_h[:m], next_h[:m]

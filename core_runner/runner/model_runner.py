@@ -70,6 +70,10 @@ class ModelRunner:
         # draft model's runner (None for n-gram proposals)
         self.spec = config.speculative_config
         self.spec_rows: set[int] = set()
+        # with speculation a request's host counts are upper bounds while a step is in flight
+        # (async); a backend that reads host lengths (not graph-capable: the torch reference)
+        # gets exact ones copied back from the device, free on the CPU
+        self.exact_host_lengths = self.spec is not None and not backend.supports_cuda_graphs
         self.drafter = None
         self._step_states: tuple[torch.Tensor, AttnMetadata] | None = None
         if drafter is not None:
@@ -191,10 +195,14 @@ class ModelRunner:
             prep = prepare_inputs_ref(*args)
         if dummy:
             prep["slot_mapping"].fill_(-1)
+        computed_cpu = torch.tensor(computed, dtype=torch.int32)
+        if self.exact_host_lengths and not dummy:
+            seq_cpu[:n] = prep["seq_lens"][:n].cpu()
+            computed_cpu = seq_cpu[:n] - torch.tensor(q_lens, dtype=torch.int32)
         return InputBatch(
             req_ids=req_ids, num_reqs=n, num_tokens=t, idx_mapping=idx, idx_mapping_cpu=idx_cpu,
             query_start_loc=qsl, query_start_loc_cpu=qsl_cpu, seq_lens=prep["seq_lens"], seq_lens_cpu=seq_cpu,
-            num_computed_cpu=torch.tensor(computed, dtype=torch.int32),
+            num_computed_cpu=computed_cpu,
             input_ids=prep["input_ids"], positions=prep["positions"], slot_mapping=prep["slot_mapping"],
             block_tables=prep["block_tables"], logits_indices=prep["logits_indices"],
             max_query_len=(1 if key.decode else t_pad) if key else max(q_lens),
@@ -308,7 +316,7 @@ class ModelRunner:
         if not rows:
             return
         tables = self.req_state.tables()
-        dev = torch.tensor(rows, device=self.device)
+        dev = torch.tensor(rows).to(self.device, non_blocking=True)  # torch.tensor(device=) would wait
         s = self.spec
         proposals = propose_ngram(tables["token_ids"], dev, tables["num_tokens"], s.num_speculative_tokens,
                                   s.prompt_lookup_min, s.prompt_lookup_max)
@@ -325,6 +333,8 @@ class ModelRunner:
         keys = sorted(self.graphs.keys(), key=lambda k: -k.num_tokens)
         with use_tp_group(self.tp_group):
             self._capture(keys)
+            if self.drafter is not None:
+                self.graphs.pool = self.drafter.capture(self.graphs.decode_sizes, self.graphs.pool)
         logger.info("captured %d CUDA graphs", len(keys))
         return len(keys)
 

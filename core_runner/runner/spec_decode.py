@@ -119,12 +119,19 @@ def propose_ngram(token_ids: torch.Tensor, rows: torch.Tensor, num_tokens: torch
 
 def write_proposals(token_ids: torch.Tensor, rows: torch.Tensor, num_tokens: torch.Tensor,
                     proposals: torch.Tensor) -> None:
-    """Put each row's proposals right after its known tokens (those inside the table)."""
-    k = proposals.shape[1]
-    pos = num_tokens[rows].long()[:, None] + torch.arange(k, device=token_ids.device)[None, :]
-    inside = pos < token_ids.shape[1]
-    r = rows[:, None].expand_as(pos)
-    token_ids[r[inside], pos[inside]] = proposals[inside].to(token_ids.dtype)
+    """Put each row's proposals right after its known tokens, those that fit in the table.
+    No data-dependent shapes (a boolean mask would sync the host): positions past the
+    table are clamped onto its last column and write there the value it gets anyway (the
+    proposal that lands on it, or what it holds), so duplicate writes agree."""
+    k, width = proposals.shape[1], token_ids.shape[1]
+    j = torch.arange(k, device=token_ids.device)
+    start = num_tokens[rows].long()
+    last_j = (width - 1 - start).clamp(-1, k - 1)  # the proposal landing on the last column, -1: none
+    src = torch.minimum(j[None, :], last_j[:, None])
+    held = token_ids[rows, width - 1].to(proposals.dtype)[:, None]
+    vals = torch.where(src >= 0, proposals.gather(1, src.clamp_min(0)), held)
+    pos = (start[:, None] + j[None, :]).clamp_max(width - 1)
+    token_ids[rows[:, None].expand_as(pos), pos] = vals.to(token_ids.dtype)
 
 
 class SpecExtra:
