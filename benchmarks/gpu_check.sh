@@ -14,6 +14,11 @@
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
 #   smoke     fp8 kernel tests + quantization mismatches, prefix cache / ngram equality on CUDA
 #   best      W1 W2 with --best-settings (the defaults must reach 90% of these)     -> qwen_best.json
+#   spec      speculative decoding on W2R (W2 with repeated prompts): TPOT, tok/s, acceptance, off vs
+#             n-gram k=3 on the Qwen3-0.6B shape at T 0.6 -> spec.json and greedy -> spec_greedy.json;
+#             off vs MTP k=1 on the deepseek-v3-mtp shape (random weights, first SPEC_MTP_N (128)
+#             requests) -> spec_mtp.json; then tests/test_spec_gpu.py -> spec_tests.log. SPEC_PARTS
+#             (env) runs some of the three: ngram, mtp, tests
 # Everything printed also goes to bench.log; at most 8 files come back from the device.
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [STAGE ...] [--quick] [--peer W1 W2] [--family-peer]}
@@ -88,6 +93,34 @@ for s in "${STAGES[@]}"; do
       say qwen W1 W2 best settings
       timeout 480 python3 -m core_runner.cli bench --workload W1 W2 --best-settings "${N[@]}" \
         --json "$LOG/qwen_best.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    spec)
+      # SPEC_PARTS (env) picks parts, e.g. SPEC_PARTS=mtp: the whole stage is ~8 min, near one device call's 10
+      for part in ${SPEC_PARTS:-ngram mtp tests}; do
+        case $part in
+          ngram)
+            for t in 0.6 0; do
+              J=spec; [ "$t" = 0 ] && J=spec_greedy
+              say spec: W2R Qwen3-0.6B shape, temperature $t, off vs n-gram k=3
+              timeout 300 python3 -m core_runner.cli bench --workload W2R --temperature $t "${N[@]}" \
+                --speculative-config off '{"method":"ngram","num_speculative_tokens":3}' --json "$LOG/$J.json" \
+                2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -16
+            done;;
+          mtp)
+            # ~40 GB of bf16 weights built twice (off, then with the MTP layer). A run takes about as many
+            # decode steps as the longest output (~1,000) whatever the request count, but fewer requests
+            # mean less prefill and attention per step: 128 keeps both runs well inside 480 s
+            say spec: W2R deepseek-v3-mtp shape, off vs MTP k=1
+            timeout 480 python3 -m core_runner.cli bench --load-format dummy --shape deepseek-v3-mtp --workload W2R \
+              --num-requests ${SPEC_MTP_N:-128} "${N[@]}" --json "$LOG/spec_mtp.json" \
+              --speculative-config off '{"method":"mtp","num_speculative_tokens":1}' \
+              2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -16;;
+          tests)
+            say spec: GPU tests of speculative decoding
+            timeout 300 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/test_spec_gpu.py 2>&1 \
+              | tee "$LOG/spec_tests.log" | tail -6 | tee -a "$LOG/bench.log";;
+          *) echo "unknown spec part $part (ngram, mtp, tests)";;
+        esac
+      done;;
     smoke)
       say smoke: fp8 quantization, prefix caching and ngram speculation on CUDA
       timeout 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels/test_fp8_block_matmul.py \

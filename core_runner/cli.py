@@ -287,13 +287,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--request-timeout", type=float, default=None,
                    help="abort a request running longer than this many seconds (default: no limit)")
     s.set_defaults(func=cmd_serve)
-    b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8) and W3 (shared prefixes)")
+    b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8), W2R (repeated prompts), W3 (shared prefixes)")
     b.add_argument("--model", default=None, help="checkpoint (default: random Qwen3-0.6B-shaped bf16)")
-    b.add_argument("--workload", nargs="+", default=["W1", "W2"], choices=["W1", "W2", "W3"],
-                   help="W3: 8 system prompts of 1,000 tokens shared by 512 requests (core_runner/bench/workloads.py)")
+    b.add_argument("--workload", nargs="+", default=["W1", "W2"], choices=["W1", "W2", "W2R", "W3"],
+                   help="W2R: W2 with each prompt a short random segment repeated, for n-gram speculation; "
+                        "W3: 8 system prompts of 1,000 tokens shared by 512 requests (core_runner/bench/workloads.py)")
     b.add_argument("--prefix-caching", nargs="+", default=None, choices=["on", "off"],
                    help="run each workload with the prefix cache on and/or off; both compare prompt tokens "
                         "computed, tok/s and outputs (default: one run, the engine's default)")
+    b.add_argument("--speculative-config", nargs="+", default=None, metavar="JSON",
+                   help="run each workload once per value: 'off' or vLLM's dict, e.g. "
+                        """'{"method": "ngram", "num_speculative_tokens": 3}'; each variant reports TPOT, tok/s, """
+                        "acceptance rate and mean accepted length, and one beside 'off' its TPOT ratio to off and "
+                        "how many outputs are identical (default: one run, no speculation)")
+    b.add_argument("--temperature", type=float, default=None,
+                   help="replace every workload's temperature (0: greedy, under which a random-weight model loops "
+                        "and n-gram lookup predicts it); the peer keeps the workload's (default: the workload's)")
     b.add_argument("--num-requests", type=int, default=None, help="a prefix of the workload (smoke runs)")
     b.add_argument("--scale", type=int, default=1, help="divide prompt and output lengths (smoke runs)")
     b.add_argument("--device", default="cuda")
@@ -312,8 +321,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, help="(default: 1)")
     b.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"],
                    help="dummy: random weights, only config.json is read (default: auto)")
-    b.add_argument("--shape", default=None, choices=["qwen3-0.6b", "qwen3-32b"],
-                   help="with --load-format dummy: a config-only model of this shape (no --model)")
+    b.add_argument("--shape", default=None, choices=["qwen3-0.6b", "qwen3-32b", "deepseek-v3-mtp"],
+                   help="with --load-format dummy: a config-only model of this shape (no --model). deepseek-v3-mtp: "
+                        "DeepSeek-V3's architecture and per-layer dims (MLA q_lora 1536 / kv_lora 512 / rope 64, "
+                        "noaux_tc routing over 8 groups top-4, top-8 experts of 2048, 1 shared, first 3 layers "
+                        "dense, 1 MTP layer) shrunk to 12 layers (of 61) and 32 routed experts (of 256), bf16: "
+                        "~40 GB with the MTP layer (core_runner/bench/shapes.py)")
     b.add_argument("--enable-expert-parallel", action="store_true")
     b.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps for GPU idle time")
     b.add_argument("--peer", nargs="*", default=None, choices=["W1", "W2"],

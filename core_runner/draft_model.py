@@ -57,8 +57,8 @@ class DraftModel(nn.Module):
         with several prediction layers (MTP) picks its layer by it."""
 
     @abstractmethod
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Logits over the draft's vocabulary."""
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
+        """Logits over the draft's vocabulary, for the pass ``spec_step_idx`` (``forward``'s)."""
 
     def draft_token_ids(self, logits: torch.Tensor) -> torch.Tensor:
         """Greedy proposals as target token ids (EAGLE-3 maps its smaller vocabulary)."""

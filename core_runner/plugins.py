@@ -100,8 +100,10 @@ class PluginManager:
             finally:
                 self.registry.current_plugin = "<direct>"
             added = [r.architecture for r in self.registry.by_plugin(name)]
-            if not added and not (set(self.registry.architectures()) - set(before)):
-                raise PluginError(f"plugin {name!r} registered no architecture (does it implement register_models?)")
+            new_drafts = self.registry.snapshot()[1].keys() - before[1].keys()
+            if not added and not (set(self.registry.architectures()) - set(before[0])) and not new_drafts:
+                raise PluginError(f"plugin {name!r} registered no architecture nor draft model (does it implement "
+                                  "register_models?)")
         except PluginError:
             self.registry.restore(before)
             self.pm.unregister(module, name=name)

@@ -42,7 +42,7 @@ class TinyDraft(DraftModel):
         x = x + self.o_proj(self.attn(q, k, v))
         return x, x
 
-    def compute_logits(self, hidden_states):
+    def compute_logits(self, hidden_states, spec_step_idx=0):
         return self.lm_head(hidden_states)
 
 

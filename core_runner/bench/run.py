@@ -4,7 +4,9 @@ and, with ``--peer``, the transformers continuous-batching peer in the same call
 
 Every run also counts the prompt tokens the engine computed (``PrefillCounter``) and the
 prefix cache's hits; ``--prefix-caching on off`` runs each workload with the cache on, then
-off, and compares the two (W3 is the workload built for it)."""
+off, and compares the two (W3 is the workload built for it). ``--speculative-config off
+'{"method": "ngram", ...}'`` does the same for speculative decoding (``core_runner.bench.spec``:
+mean TPOT, acceptance, outputs compared with ``off``; W2R is the workload built for it)."""
 from __future__ import annotations
 
 import gc
@@ -22,6 +24,18 @@ import torch
 
 from core_runner.bench.profile import profile_pass
 from core_runner.bench.roofline import decode_roofline_tok_s
+from core_runner.bench.shapes import config_only_checkpoint
+from core_runner.bench.spec import (
+    OFF,
+    SpecVariant,
+    compare_spec,
+    describe_spec,
+    format_spec_comparison,
+    format_spec_line,
+    spec_counters,
+    spec_metrics,
+    spec_variants,
+)
 from core_runner.bench.workloads import make_random_checkpoint, make_workload, qwen3_0p6b_config
 
 logger = logging.getLogger(__name__)
@@ -62,23 +76,6 @@ def default_checkpoint(device: str) -> str:
         tmp = Path(tempfile.mkdtemp(dir=root))
         make_random_checkpoint(tmp, qwen3_0p6b_config(), dtype=torch.bfloat16, device=device)
         os.replace(tmp, path)
-    return str(path)
-
-
-def config_only_checkpoint(shape: str) -> str:
-    """A directory holding only ``shape``'s config.json (Qwen3, bf16), for load_format='dummy':
-    a 32B model's weights would be 64 GB to write."""
-    from core_runner.bench.workloads import QWEN3_32B
-
-    shapes = {"qwen3-0.6b": {}, "qwen3-32b": QWEN3_32B}
-    if shape not in shapes:
-        raise ValueError(f"--shape {shape!r} is unknown: expected one of {sorted(shapes)}")
-    root = Path(os.environ.get("CORE_RUNNER_CACHE", Path.home() / ".cache" / "core-runner"))
-    path = root / f"bench-{shape}-config-only"
-    path.mkdir(parents=True, exist_ok=True)
-    config = qwen3_0p6b_config(**shapes[shape])
-    config.dtype = torch.bfloat16
-    config.save_pretrained(path)
     return str(path)
 
 
@@ -135,6 +132,7 @@ def run_engine(llm, workload, profile_steps: int = 0, keep_outputs: bool = False
     llm.reset_prefix_cache()  # the warm-up's prompts must not be hits
     sched = eng.scheduler
     queries0, hits0 = sched.prefix_cache_queries, sched.prefix_cache_hits
+    spec0 = spec_counters(sched)  # the warm-up verified proposals too
     prefill = PrefillCounter()
     remove_hook = eng.debug.on_step(prefill)
 
@@ -169,6 +167,8 @@ def run_engine(llm, workload, profile_steps: int = 0, keep_outputs: bool = False
         "output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "output_tokens": n_out, "steps": steps,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
         "tpot_p50_ms": 1e3 * percentile(tpot, 50), "tpot_p99_ms": 1e3 * percentile(tpot, 99),
+        "tpot_mean_ms": 1e3 * statistics.fmean(tpot) if tpot else float("nan"),
+        "greedy": all(temp == 0 for _, _, temp in workload),
         "preemptions": eng.scheduler.num_preemptions,
         "step_ms_p50": 1e3 * percentile(step_s, 50), "step_ms_p99": 1e3 * percentile(step_s, 99),
         "step_ms_max": 1e3 * max(step_s), "step_ms_mean": 1e3 * statistics.fmean(step_s), "slow_steps": slow,
@@ -177,6 +177,10 @@ def run_engine(llm, workload, profile_steps: int = 0, keep_outputs: bool = False
         "prefix_cache_queries": sched.prefix_cache_queries - queries0,
         "prefix_cache_hits": sched.prefix_cache_hits - hits0,
     }
+    spec = eng.config.speculative_config
+    res["speculative_config"] = describe_spec(spec)
+    if spec is not None:
+        res.update(spec_metrics(spec0, spec_counters(sched)))
     if keep_outputs:
         by_id = {o.request_id: list(o.token_ids) for o in outs}
         res["output_token_ids"] = [by_id[f"b{i}"] for i in range(len(workload))]
@@ -241,48 +245,70 @@ def compare_prefix_caching(on: dict, off: dict) -> dict:
 
 
 def bench(args) -> dict:
-    """Every workload of ``args.workload`` once per ``--prefix-caching`` mode; results keyed by
-    workload, or ``<workload>_prefix_caching_on|off`` and ``..._on_vs_off`` with both modes."""
+    """Every workload of ``args.workload`` once per ``--prefix-caching`` mode and
+    ``--speculative-config`` variant; results keyed by workload, with
+    ``_prefix_caching_on|off`` and / or ``_spec_<label>`` appended where a flag gives several
+    values, and the comparisons ``..._prefix_caching_on_vs_off`` and ``..._spec_<label>_vs_off``."""
     device = args.device
     load_format = getattr(args, "load_format", None) or "auto"
     shape = getattr(args, "shape", None)
     if shape is not None and load_format != "dummy":
         raise ValueError(f"--shape {shape} builds a config-only model: it needs --load-format dummy")
+    modes = prefix_caching_modes(getattr(args, "prefix_caching", None))
+    specs = spec_variants(getattr(args, "speculative_config", None))  # bad values fail before any model loads
     model = args.model or (config_only_checkpoint(shape) if shape else default_checkpoint(device))
     results = {}
     opts, source = engine_settings(args)
-    modes = prefix_caching_modes(getattr(args, "prefix_caching", None))
+    compare = len(modes) > 1 or len(specs) > 1
+
+    def pc_part(mode: bool | None) -> str:
+        return "" if len(modes) == 1 else f"_prefix_caching_{'on' if mode else 'off'}"
+
+    def spec_part(spec: SpecVariant) -> str:
+        return "" if len(specs) == 1 else f"_spec_{spec.label}"
+
     for name in args.workload:
         runs = {}
         for mode in modes:
-            key = name if len(modes) == 1 else f"{name}_prefix_caching_{'on' if mode else 'off'}"
-            res = _bench_workload(model, name, args, opts, source, mode, keep_outputs=len(modes) > 1)
-            # the peer has no prefix cache to switch: it runs once, beside the last mode's run
-            if mode == modes[-1] and args.peer is not None and (not args.peer or name in args.peer):
-                peer = run_peer(model, name, args.num_requests, device, args.peer_timeout, getattr(args, "scale", 1))
-                res["peer"] = peer
-                if peer.get("output_tok_s"):
-                    res["ratio_to_peer"] = res["output_tok_s"] / peer["output_tok_s"]
-            runs[mode] = results[key] = res
-            print(format_result(key, res), flush=True)
-        if True in runs and False in runs:
-            cmp = results[f"{name}_prefix_caching_on_vs_off"] = compare_prefix_caching(runs[True], runs[False])
-            print(format_comparison(name, cmp), flush=True)
+            for spec in specs:
+                key = name + pc_part(mode) + spec_part(spec)
+                res = _bench_workload(model, name, args, opts, source, mode, spec.config, keep_outputs=compare)
+                # the peer has neither prefix cache nor speculation to switch: it runs once, beside the last run
+                last = mode == modes[-1] and spec == specs[-1]
+                if last and args.peer is not None and (not args.peer or name in args.peer):
+                    peer = run_peer(model, name, args.num_requests, device, args.peer_timeout,
+                                    getattr(args, "scale", 1))
+                    res["peer"] = peer
+                    if peer.get("output_tok_s"):
+                        res["ratio_to_peer"] = res["output_tok_s"] / peer["output_tok_s"]
+                runs[mode, spec.label] = results[key] = res
+                print(format_result(key, res), flush=True)
+        for spec in specs if True in modes and False in modes else ():
+            cmp = compare_prefix_caching(runs[True, spec.label], runs[False, spec.label])
+            results[f"{name}{spec_part(spec)}_prefix_caching_on_vs_off"] = cmp
+            print(format_comparison(name + spec_part(spec), cmp), flush=True)
+        for mode in modes if any(s.label == OFF for s in specs) else ():
+            for spec in specs:
+                if spec.label != OFF:
+                    key = name + pc_part(mode) + spec_part(spec)
+                    cmp = results[f"{key}_vs_off"] = compare_spec(runs[mode, spec.label], runs[mode, OFF])
+                    print(format_spec_comparison(key, cmp), flush=True)
         for res in runs.values():
             res.pop("output_token_ids", None)  # compared; too long for the JSON report
     return results
 
 
 def _bench_workload(model: str, name: str, args, opts: dict, source: str, prefix_caching: bool | None,
-                    keep_outputs: bool) -> dict:
+                    speculative_config: dict | None, keep_outputs: bool) -> dict:
     from core_runner import LLM
 
     device = args.device
     llm = LLM(model, device=device, dtype=args.dtype, enforce_eager=args.enforce_eager,
               enable_expert_parallel=bool(getattr(args, "enable_expert_parallel", False)),
               enable_prefix_caching=prefix_caching, load_format=getattr(args, "load_format", None) or "auto",
-              **opts)
-    workload = make_workload(name, llm.engine.vocab_size, args.num_requests, scale=getattr(args, "scale", 1))
+              speculative_config=speculative_config, **opts)
+    workload = make_workload(name, llm.engine.vocab_size, args.num_requests, scale=getattr(args, "scale", 1),
+                             temperature=getattr(args, "temperature", None))
     res = run_engine(llm, workload, profile_steps=args.profile_steps, keep_outputs=keep_outputs)
     c = llm.config
     res["settings"] = {"source": source, "max_model_len": c.max_model_len, "max_num_seqs": c.max_num_seqs,
@@ -334,9 +360,12 @@ def format_result(name: str, r: dict) -> str:
         lines.append(f"  prefix caching {'on' if r['prefix_caching'] else 'off'}: {r['prefill_tokens_computed']:,} "
                      f"of {r['prompt_tokens']:,} prompt tokens computed, cache hits {r['prefix_cache_hits']:,} of "
                      f"{r['prefix_cache_queries']:,} tokens looked up")
+    if r.get("speculative_config"):
+        lines.append(format_spec_line(r))
     lines += [
              f"  TTFT p50 {r['ttft_p50_s']:.3f} s p99 {r['ttft_p99_s']:.3f} s | "
-             f"TPOT p50 {r['tpot_p50_ms']:.2f} ms p99 {r['tpot_p99_ms']:.2f} ms"]
+             f"TPOT mean {r.get('tpot_mean_ms', float('nan')):.2f} ms p50 {r['tpot_p50_ms']:.2f} ms "
+             f"p99 {r['tpot_p99_ms']:.2f} ms"]
     if "peak_gpu_mem_gib" in r:
         lines.append(f"  peak GPU memory {r['peak_gpu_mem_gib']:.1f} GiB")
     if "roofline_tok_s" in r:

@@ -13,6 +13,17 @@ Workloads (see DESIGN):
   the length of its own part and its tokens (``shared_prefix_workload``, vLLM's prefix-repetition
   dataset names: ``num_prefixes``, ``prefix_len``, ``suffix_len``, ``output_len``).
 
+* ``W2R`` (repetitive prompts, for speculative decoding; the issue "W2 TPOT with n-gram on a
+  repetitive-prompt variant"): W2's request count, lengths and temperature 0.6, but each prompt
+  is one short segment repeated, so that n-gram prompt lookup finds its last tokens earlier in
+  the prompt. A separate ``random.Random(0)`` draws, request by request, the segment length
+  ``randint(8, 32)`` then its tokens from ``[3, vocab_size)``; the prompt is the segment repeated
+  and cut to W2's prompt length. ``scale`` divides the segment length too (at least 4 tokens),
+  so a smoke-sized prompt still repeats. A random-weight model does not continue the pattern
+  and rarely repeats itself at temperature 0.6, so acceptance stays low there; sampled greedily
+  (``temperature=0.0``, the bench's ``--temperature 0``) it falls into loops that n-gram
+  lookup predicts: run both to bracket what speculation can give.
+
 W1 and W2 prompt token ids are drawn from ``[3, vocab_size)`` by a separate ``random.Random(0)``,
 request by request. EOS is ignored in every workload: every request must produce exactly its output
 length.
@@ -20,7 +31,7 @@ length.
 ``make_workload`` returns ``[(prompt_token_ids, output_len, temperature), ...]``. Asking for fewer
 requests (``num_requests``) returns a prefix of the full workload; ``scale`` divides every length
 (after drawing, so the draws do not change; W3's system prompt and own part each) to make smoke tests
-cheap.
+cheap; ``temperature`` replaces every request's temperature.
 """
 from __future__ import annotations
 
@@ -30,7 +41,7 @@ from typing import Any
 
 import torch
 
-WORKLOADS = ("W1", "W2", "W3")
+WORKLOADS = ("W1", "W2", "W2R", "W3")
 
 _W1_DEFAULT_REQUESTS = 1024
 _W1_PROMPT_LEN = 128
@@ -41,6 +52,9 @@ _W2_DEFAULT_REQUESTS = 256
 _W2_MIN_LEN = 100
 _W2_MAX_LEN = 1024
 _W2_TEMPERATURE = 0.6
+
+_W2R_SEGMENT_LEN = (8, 32)
+_W2R_MIN_SCALED_SEGMENT = 4  # shorter, a scaled prompt would be a run of 1-2 tokens, unlike the real one
 
 _W3_DEFAULT_REQUESTS = 512
 _W3_NUM_PREFIXES = 8
@@ -60,11 +74,13 @@ def make_workload(
     num_requests: int | None = None,
     *,
     scale: int = 1,
+    temperature: float | None = None,
 ) -> list[Request]:
     """The named workload as ``[(prompt_token_ids, output_len, temperature), ...]``.
 
     ``num_requests`` overrides the workload's request count (a prefix of the full workload when
     smaller). ``scale`` divides prompt and output lengths (each at least 1); 1 is the real workload.
+    ``temperature`` (0 is greedy) replaces the workload's.
     """
     key = name.strip().upper()
     if key not in WORKLOADS:
@@ -75,7 +91,15 @@ def make_workload(
         raise ValueError(f"num_requests must be >= 0, got {num_requests}")
     if scale < 1:
         raise ValueError(f"scale must be >= 1, got {scale}")
+    if temperature is not None and not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 (0 is greedy), got {temperature}")
+    workload = _draw_workload(key, vocab_size, num_requests, scale)
+    if temperature is not None:
+        workload = [(prompt, out_len, float(temperature)) for prompt, out_len, _ in workload]
+    return workload
 
+
+def _draw_workload(key: str, vocab_size: int, num_requests: int | None, scale: int) -> list[Request]:
     if key == "W3":
         return shared_prefix_workload(vocab_size, _W3_DEFAULT_REQUESTS if num_requests is None else num_requests,
                                       scale=scale)
@@ -94,6 +118,9 @@ def make_workload(
         temperature = _W2_TEMPERATURE
 
     token_rng = random.Random(0)
+    if key == "W2R":
+        return [(_repeated_prompt(token_rng, vocab_size, prompt_len, scale), max(1, output_len // scale), temperature)
+                for prompt_len, output_len in shapes]
     workload: list[Request] = []
     for prompt_len, output_len in shapes:
         prompt = [token_rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(prompt_len)]
@@ -102,6 +129,16 @@ def make_workload(
             output_len = max(1, output_len // scale)
         workload.append((prompt, output_len, temperature))
     return workload
+
+
+def _repeated_prompt(rng: random.Random, vocab_size: int, prompt_len: int, scale: int) -> list[int]:
+    """W2R's prompt: a segment of ``randint(8, 32)`` tokens drawn from ``rng``, repeated to
+    ``prompt_len`` tokens; ``scale`` divides both lengths after drawing."""
+    segment = [rng.randrange(_FIRST_TOKEN_ID, vocab_size) for _ in range(rng.randint(*_W2R_SEGMENT_LEN))]
+    if scale > 1:
+        segment = segment[: max(_W2R_MIN_SCALED_SEGMENT, len(segment) // scale)]
+        prompt_len = max(1, prompt_len // scale)
+    return (segment * (prompt_len // len(segment) + 1))[:prompt_len]
 
 
 def shared_prefix_workload(

@@ -66,8 +66,8 @@ class DraftRunner:
         with set_forward_context(attn, self.backend, self.kernels):
             return self.model(input_ids, positions, hidden, step)
 
-    def _tokens(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.draft_token_ids(self.model.compute_logits(hidden))
+    def _tokens(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
+        return self.model.draft_token_ids(self.model.compute_logits(hidden, step))
 
     def propose(self, batch: InputBatch, target_hidden: torch.Tensor, attn: AttnMetadata,
                 sample_idx: torch.Tensor, reqs: list[int]) -> None:
@@ -91,7 +91,7 @@ class DraftRunner:
         sel = torch.tensor(reqs).to(device, non_blocking=True)
         at = sample_idx[sel]
         rows = batch.idx_mapping[:n].long()[sel]
-        proposals = [self._tokens(logits_h[at])]
+        proposals = [self._tokens(logits_h[at], 0)]
         hidden = next_h[at]
         last = tables["num_tokens"][rows].long() - 1  # the last known position, after post-update
         for j in range(1, self.k):
@@ -101,7 +101,7 @@ class DraftRunner:
                 logits_h, hidden = self._run(self.model_state.prepare_attn(db), db.input_ids, db.positions, hidden, j)
             else:
                 logits_h, hidden = self._replay(db, hidden, size, j)
-            proposals.append(self._tokens(logits_h))
+            proposals.append(self._tokens(logits_h, j))
         write_proposals(token_ids, rows, tables["num_tokens"], torch.stack(proposals, dim=1))
 
     def _decode_batch(self, batch: InputBatch, rows: torch.Tensor, reqs: list[int], pos: torch.Tensor,

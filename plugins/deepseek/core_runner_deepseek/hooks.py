@@ -55,3 +55,6 @@ def register_models(registry):
         reference="transformers:DeepseekV3ForCausalLM",
         examples=[{"name": "tiny", "config": TINY_V3}, {"name": "deepseek-v3-fp8-shape", "config": DEEPSEEK_V3}],
     )
+    # the checkpoint's own next-token-prediction layers (num_nextn_predict_layers); V2
+    # checkpoints have none
+    registry.add_draft(architecture="DeepseekV3ForCausalLM", method="mtp", model="core_runner_deepseek.mtp:DeepSeekMTP")

@@ -1,0 +1,117 @@
+"""W2 through ``core-runner serve``: 256 concurrent streaming clients against the offline run.
+
+Starts the server in a subprocess on 127.0.0.1 (the bench's random Qwen3-0.6B-shaped
+checkpoint unless --model), sends every W2 request at once as its own streaming
+/v1/completions call (token-id prompt, W2's max_tokens, temperature 0.6, ignore_eos,
+stream_options.include_usage) over plain asyncio HTTP/1.1 (no client library needed),
+and reports completion tokens / wall time; then runs the same workload offline with
+``LLM.generate`` in this process and prints the ratio (issue 27: >= 0.8x).
+
+    python3 benchmarks/serve_bench.py [--model PATH] [--num-requests N] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+async def one(port: int, body: dict) -> tuple[int, float, float]:
+    """(completion tokens, seconds to the first streamed chunk, seconds in all) of one request."""
+    t0 = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    data = json.dumps(body).encode()
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(data) + data)
+    await writer.drain()
+    first, tokens = None, 0
+    while True:
+        line = await reader.readline()
+        if not line:
+            break
+        if line.startswith(b"data: {"):
+            if first is None:
+                first = time.perf_counter() - t0
+            event = json.loads(line[6:])
+            if event.get("usage"):
+                tokens = event["usage"]["completion_tokens"]
+    writer.close()
+    return tokens, first or float("nan"), time.perf_counter() - t0
+
+
+async def clients(port: int, model: str, workload) -> tuple[int, float, list]:
+    bodies = [{"model": model, "prompt": p, "max_tokens": n, "temperature": t, "ignore_eos": True, "stream": True,
+               "stream_options": {"include_usage": True}} for p, n, t in workload]
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(one(port, b) for b in bodies))
+    return sum(r[0] for r in results), time.perf_counter() - t0, results
+
+
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise TimeoutError("the server did not come up")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--scale", type=int, default=1, help="divide W2's lengths (smoke runs)")
+    ap.add_argument("--port", type=int, default=8471)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args()
+    from core_runner.bench.run import default_checkpoint
+    from core_runner.bench.workloads import make_workload
+
+    model = a.model or default_checkpoint("cuda")
+    with open(os.path.join(model, "config.json")) as f:
+        vocab = json.load(f)["vocab_size"]
+    workload = make_workload("W2", vocab_size=vocab, num_requests=a.num_requests, scale=a.scale)
+    proc = subprocess.Popen([sys.executable, "-m", "core_runner.cli", "serve", model, "--port", str(a.port)],
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_ready(a.port, proc)
+        asyncio.run(clients(a.port, model, workload[:8]))  # warm-up: graphs and kernels compiled already
+        tokens, wall, results = asyncio.run(clients(a.port, model, workload))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    served = tokens / wall
+    ttft = sorted(r[1] for r in results)
+    print(f"serve: {len(workload)} streaming clients, {tokens:,} tokens in {wall:.1f} s = {served:,.0f} tok/s; "
+          f"TTFT p50 {ttft[len(ttft) // 2]:.2f} s")
+    from core_runner import LLM, SamplingParams
+
+    llm = LLM(model)
+    params = [SamplingParams(max_tokens=n, temperature=t, ignore_eos=True) for _, n, t in workload]
+    prompts = [{"prompt_token_ids": p} for p, _, _ in workload]
+    llm.generate(prompts[:8], params[:8], use_tqdm=False)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    offline_wall = time.perf_counter() - t0
+    offline = sum(len(o.outputs[0].token_ids) for o in outs) / offline_wall
+    print(f"offline: {offline:,.0f} tok/s; serve / offline = {served / offline:.2f}x (target >= 0.8x)")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"served_tok_s": served, "offline_tok_s": offline, "ratio": served / offline,
+                       "num_requests": len(workload), "tokens": tokens, "wall_s": wall,
+                       "ttft_p50_s": ttft[len(ttft) // 2]}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
