@@ -227,7 +227,7 @@ class EagleLlamaForCausalLM(_LlamaDraft):
         x = x + residual
         return x, x
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
 
@@ -285,7 +285,7 @@ class Eagle3LlamaForCausalLM(_LlamaDraft):
             x, residual = layer(positions, x, residual)
         return self.norm(x, residual)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
     def draft_token_ids(self, logits: torch.Tensor) -> torch.Tensor:
