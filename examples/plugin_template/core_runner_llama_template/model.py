@@ -10,6 +10,10 @@ Tensor parallelism comes from the layer classes: q/k/v and gate/up are column-pa
 row-parallel (they all-reduce back to the full hidden size), and the embedding and LM
 head are split over the vocabulary. Everything between (norms, residuals, RoPE) runs
 whole on every rank. With one rank the same classes hold whole weights.
+
+For EAGLE-3 speculative decoding the draft reads the residual stream entering a few of
+these layers: ``set_aux_hidden_state_layers`` (vLLM's name) makes ``forward`` return
+them beside the hidden states. The stream is whole on every rank, as said above.
 """
 from __future__ import annotations
 
@@ -103,16 +107,25 @@ class LlamaModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # layers whose input the forward also returns (sorted; empty: return the hidden states alone)
+        self.aux_layers: tuple[int, ...] = ()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layers:  # decided on the host, so a captured CUDA graph never changes
+                aux += [x if residual is None else x + residual] * self.aux_layers.count(i)
             x, residual = layer(positions, x, residual)
-        return self.norm(x, residual)[0]
+        x = self.norm(x, residual)[0]
+        return (x, aux) if self.aux_layers else x
 
 
 class LlamaForCausalLM(nn.Module):
-    """``Model(hf_config)``; ``forward(input_ids, positions) -> hidden``; ``compute_logits``."""
+    """``Model(hf_config)``; ``forward(input_ids, positions) -> hidden`` (or (hidden, aux), see
+    ``set_aux_hidden_state_layers``); ``compute_logits``."""
 
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -130,7 +143,24 @@ class LlamaForCausalLM(nn.Module):
         if tied:  # the shared matrix may also be stored under lm_head
             self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        """From now on ``forward`` returns (hidden, [residual stream entering each listed
+        layer, in layer order]): EAGLE-3's inputs."""
+        n = len(self.model.layers)
+        bad = [i for i in layers if not 0 <= int(i) < n]
+        if bad:
+            raise ValueError(f"aux hidden state layers {list(layers)}: {bad} are not layers of a model with "
+                             f"num_hidden_layers={n} (expected indices 0..{n - 1})")
+        self.model.aux_layers = tuple(sorted(int(i) for i in layers))
+
+    def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        """vLLM's default EAGLE-3 layers: an early, a middle and a late one."""
+        n = len(self.model.layers)
+        return (2, n // 2, n - 3)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""Entry point module: registers the Qwen3 architectures. Imports no torch."""
+"""Entry point module: registers the Qwen3 architectures and the EAGLE / EAGLE-3 draft
+models (``core_runner_qwen3.eagle`` says why those live here). Imports no torch."""
 from core_runner.sdk import hookimpl
 from core_runner_qwen3.examples import QWEN3_0_6B, QWEN3_30B_A3B
 
@@ -29,6 +30,19 @@ TINY_MOE = dict(
 )
 
 
+# (the draft checkpoint's architectures[0], method) -> draft class. EAGLE-1 checkpoints say
+# "LlamaForCausalLM" (their config is a one-layer Llama's); EAGLE-3 ones say
+# "LlamaForCausalLMEagle3", some "Eagle3LlamaForCausalLM" or plain "LlamaForCausalLM".
+EAGLE_DRAFTS = (
+    ("LlamaForCausalLM", "eagle", "EagleLlamaForCausalLM"),
+    ("EagleLlamaForCausalLM", "eagle", "EagleLlamaForCausalLM"),
+    ("LlamaForCausalLMEagle", "eagle", "EagleLlamaForCausalLM"),
+    ("LlamaForCausalLMEagle3", "eagle3", "Eagle3LlamaForCausalLM"),
+    ("Eagle3LlamaForCausalLM", "eagle3", "Eagle3LlamaForCausalLM"),
+    ("LlamaForCausalLM", "eagle3", "Eagle3LlamaForCausalLM"),
+)
+
+
 @hookimpl
 def register_models(registry):
     registry.add(
@@ -51,3 +65,5 @@ def register_models(registry):
         reference="transformers:Qwen3MoeForCausalLM",
         examples=[{"name": "tiny-moe", "config": TINY_MOE}, {"name": "qwen3-30b-a3b-shape", "config": QWEN3_30B_A3B}],
     )
+    for architecture, method, cls in EAGLE_DRAFTS:
+        registry.add_draft(architecture, method, f"core_runner_qwen3.eagle:{cls}")

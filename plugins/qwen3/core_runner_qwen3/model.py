@@ -6,6 +6,10 @@ their count), so its attention layers and KV cache are the rank's; o_proj and
 down_proj are row-parallel (one all-reduce each), gate/up column-parallel, and the
 embedding and LM head split the vocabulary. q_norm / k_norm act per head, so they are
 whole on every rank.
+
+EAGLE-3 drafts read the residual stream at the inputs of a few target layers
+(``set_aux_hidden_state_layers``); the stream is whole on every rank, so under tensor
+parallelism each rank hands its draft the same states.
 """
 from __future__ import annotations
 
@@ -107,23 +111,62 @@ class Qwen3DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
+def eagle3_default_layers(num_layers: int) -> tuple[int, ...]:
+    """vLLM's default EAGLE-3 target layers: an early, a middle and a late one."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def check_aux_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+    """``layers`` as a sorted tuple of ints (vLLM hands the states over in layer order),
+    each the index of one of the ``num_layers`` layers."""
+    layers = tuple(sorted(int(i) for i in layers))
+    bad = [i for i in layers if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(f"aux hidden state layers {list(layers)}: {bad} are not layers of a model with "
+                         f"num_hidden_layers={num_layers} (expected indices 0..{num_layers - 1})")
+    return layers
+
+
 class Qwen3Model(nn.Module):
+    """``forward`` returns the final hidden states or, once ``aux_layers`` is set, also
+    the residual stream entering each of those layers (EAGLE-3's inputs)."""
+
     def __init__(self, config: Any, make_layer: Callable[[Any, int], nn.Module] | None = None) -> None:
         super().__init__()
         make_layer = make_layer or (lambda cfg, _i: Qwen3DecoderLayer(cfg))
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(make_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.aux_layers: tuple[int, ...] = ()
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+        aux = []
+        for i, layer in enumerate(self.layers):
+            if i in self.aux_layers:  # a host-side test: the captured graph is the same every step
+                aux += [x if residual is None else x + residual] * self.aux_layers.count(i)
             x, residual = layer(positions, x, residual)
         x, _ = self.norm(x, residual)
-        return x
+        return (x, aux) if self.aux_layers else x
 
 
-class Qwen3ForCausalLM(nn.Module):
+class AuxHiddenStates:
+    """vLLM's EAGLE-3 target methods, for a causal LM whose ``model`` is a Qwen3Model."""
+
+    model: Qwen3Model
+
+    def set_aux_hidden_state_layers(self, layers: tuple[int, ...]) -> None:
+        """From now on ``forward`` returns (hidden, [residual stream entering each listed
+        layer, in layer order])."""
+        self.model.aux_layers = check_aux_layers(layers, len(self.model.layers))
+
+    def get_eagle3_aux_hidden_state_layers(self) -> tuple[int, ...]:
+        return eagle3_default_layers(len(self.model.layers))
+
+
+class Qwen3ForCausalLM(AuxHiddenStates, nn.Module):
     packed_modules_mapping = {
         "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
@@ -142,7 +185,9 @@ class Qwen3ForCausalLM(nn.Module):
         if tied:  # some checkpoints store the shared matrix twice
             self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
         return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
