@@ -124,3 +124,30 @@ def test_no_host_sync_in_speculative_steps(paths, name):
         steps += 1
         assert steps < 3000, "the step loop does not terminate"
     assert verifying >= 10, verifying  # verification steps planned while the previous step was in flight
+
+
+def test_eagle3_target_aux_states_under_cuda_graphs(tmp_path):
+    """A target serving an EAGLE-3 draft returns (hidden, aux states) from its captured
+    graphs: graphs + async equal eager and the engine without speculation."""
+    import transformers
+    from eagle_fixtures import write_eagle3
+    from helpers import TINY
+
+    torch.manual_seed(0)
+    cfg = {**TINY, "tie_word_embeddings": False}
+    transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**cfg)).eval().save_pretrained(str(tmp_path / "t"))
+    draft = write_eagle3(tmp_path / "d", cfg["vocab_size"], draft_vocab=64, seed=22, layer_ids=[0, 1, 1])
+    spec = {"method": "eagle3", "num_speculative_tokens": 3, "model": draft}
+    g = torch.Generator().manual_seed(3)
+    ps = [torch.randint(3, 256, (int(n),), generator=g).tolist() for n in torch.randint(4, 40, (10,), generator=g)]
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    opts = dict(model=str(tmp_path / "t"), device="cuda", dtype="float32", max_model_len=128, max_num_seqs=16,
+                block_size=16, num_kv_blocks=128, max_num_batched_tokens=64)
+    want = generate(LLMEngine(EngineConfig(**opts), plugins_with_draft()), ps, greedy)
+    eng = LLMEngine(EngineConfig(**opts, speculative_config=spec), plugins_with_draft())
+    assert eng.plan.cuda_graphs and eng.plan.async_scheduling
+    assert generate(eng, ps, greedy) == want
+    assert sum(eng.runner.graphs.replays.values()) > 0 and eng.runner.drafter.num_replays > 0
+    eager = LLMEngine(EngineConfig(**opts, speculative_config=spec, enforce_eager=True), plugins_with_draft())
+    assert generate(eager, ps, greedy) == want
+    assert eng.scheduler.spec_num_draft_tokens > 0

@@ -54,7 +54,12 @@ class DraftRunner:
         self.static: dict[str, torch.Tensor] = {}
 
     def cache_specs(self) -> list[KVCacheSpec]:
-        return collect_kv_cache_specs(self.model, next(self.model.parameters()).dtype, PREFIX)
+        return collect_kv_cache_specs(self.model, self._param().dtype, PREFIX)
+
+    def _param(self) -> torch.Tensor:
+        """A floating-point parameter: the draft's dtype and device (a draft may also hold
+        integer tables, such as EAGLE-3's vocabulary map)."""
+        return next(p for p in self.model.parameters() if p.is_floating_point())
 
     def bind(self, caches: dict[str, Any]) -> None:
         for name, cache in caches.items():
@@ -135,8 +140,7 @@ class DraftRunner:
         bound); returns the memory pool, shared with the target's graphs."""
         if self.k < 2 or not sizes:
             return pool
-        m, device = max(sizes), next(self.model.parameters()).device
-        dtype = next(self.model.parameters()).dtype
+        m, device, dtype = max(sizes), self._param().device, self._param().dtype
         width = self.req_state.tables()["block_table"].shape[1]
         i32, i64 = torch.int32, torch.int64
         self.static = {

@@ -19,7 +19,7 @@ from torch import nn
 from core_runner.layers import Linear, ParallelLMHead
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.moe_routing import softmax_topk
-from core_runner_qwen3.model import Qwen3DecoderLayer, Qwen3Model
+from core_runner_qwen3.model import AuxHiddenStates, Qwen3DecoderLayer, Qwen3Model
 
 
 class Qwen3MoeSparseBlock(nn.Module):
@@ -46,7 +46,7 @@ def moe_decoder_layer(config: Any, layer_idx: int) -> Qwen3DecoderLayer:
     return Qwen3DecoderLayer(config, Qwen3MoeSparseBlock(config) if is_sparse_layer(config, layer_idx) else None)
 
 
-class Qwen3MoeForCausalLM(nn.Module):
+class Qwen3MoeForCausalLM(AuxHiddenStates, nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         if getattr(config, "use_sliding_window", False):
