@@ -11,10 +11,11 @@ L .. L + k - 2 (L = the request's last known position), whose blocks the schedul
 allocated ahead (``num_lookahead_tokens``). A position at or past max_model_len writes no
 KV (its proposal could never be verified). Nothing here reads a device value on the host.
 
-With CUDA graphs the decode passes replay graphs captured per padded request count and
-pass (a draft may pick its layer by pass): their inputs are copied into static buffers,
-padded requests hold no query token and write no slot. The first pass runs eagerly (its
-shape is the step's, like a prefill).
+With CUDA graphs the first pass replays a graph captured for each of the target's graph
+keys (the same static batch and metadata, the target graph's output as input), and the
+decode passes replay graphs captured per padded request count and pass (a draft may pick
+its layer by pass): their inputs are copied into static buffers, padded requests hold no
+query token and write no slot. A step the target runs eagerly runs its draft eagerly too.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ class DraftRunner:
         # exact ones (it runs the reference path, where a copy back is acceptable)
         self.exact_host_lengths = not backend.supports_cuda_graphs
         self.graphs: dict[tuple[int, int], tuple[Any, Any]] = {}  # (padded requests, pass) -> (graph, output)
+        self.first_graphs: dict[Any, tuple[Any, Any]] = {}  # the target's GraphKey -> (graph, output)
         self.sizes: list[int] = []
         self.num_replays = 0
         self.static: dict[str, torch.Tensor] = {}
@@ -74,23 +76,46 @@ class DraftRunner:
     def _tokens(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         return self.model.draft_token_ids(self.model.compute_logits(hidden, step))
 
-    def propose(self, batch: InputBatch, target_hidden: torch.Tensor, attn: AttnMetadata,
-                sample_idx: torch.Tensor, reqs: list[int]) -> None:
-        """Run the first pass over the whole step and, for the requests at indices ``reqs``
-        (speculating and sampling this step; ``sample_idx[i]`` = the token index of request
-        i's last accepted position), the decode passes; write their k proposals after their
-        known tokens."""
-        tables = self.req_state.tables()
-        token_ids = tables["token_ids"]
-        n, device = batch.num_reqs, token_ids.device
-        t = target_hidden.shape[0]
+    def _first_pass(self, batch: InputBatch, target_states: torch.Tensor,
+                    attn: AttnMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """The draft over every token of the step: at position p the token at p + 1 (from the
+        token table, after the step's post-update) and the target's state at p."""
+        token_ids = self.req_state.tables()["token_ids"]
+        n, t = batch.num_reqs, target_states.shape[0]
         qsl = batch.query_start_loc[1: n + 1]
-        req_of = torch.searchsorted(qsl, torch.arange(t, device=device, dtype=qsl.dtype), right=True)
+        req_of = torch.searchsorted(qsl, torch.arange(t, device=qsl.device, dtype=qsl.dtype), right=True)
         rows_of = batch.idx_mapping[:n].long()[req_of.clamp_max(n - 1)]
         positions = batch.positions[:t]
         ids = token_ids[rows_of, (positions.long() + 1).clamp_max(token_ids.shape[1] - 1)]
-        hidden = self.model.combine_hidden_states(target_hidden)
-        logits_h, next_h = self._run(attn, ids, positions, hidden, 0)
+        return self._run(attn, ids, positions, self.model.combine_hidden_states(target_states), 0)
+
+    def capture_first(self, key: Any, batch: InputBatch, target_out: Any, attn: AttnMetadata, pool: Any) -> Any:
+        """Capture the first pass of a step that replays the target's graph ``key``: the same
+        static batch and metadata, the target graph's output as its input."""
+        def run():
+            states = torch.cat(target_out[1], dim=-1) if isinstance(target_out, tuple) else target_out
+            return self._first_pass(batch, states, attn)
+
+        graph, out = capture_graph(run, pool)
+        self.first_graphs[key] = (graph, out)
+        return graph.pool()
+
+    def propose(self, batch: InputBatch, target_states: torch.Tensor, attn: AttnMetadata,
+                sample_idx: torch.Tensor, reqs: list[int]) -> None:
+        """Run the first pass over the whole step (replaying its graph when the target's step
+        replayed one) and, for the requests at indices ``reqs`` (speculating and sampling this
+        step; ``sample_idx[i]`` = the token index of request i's last accepted position), the
+        decode passes; write their k proposals after their known tokens."""
+        tables = self.req_state.tables()
+        token_ids = tables["token_ids"]
+        n, device = batch.num_reqs, token_ids.device
+        captured = self.first_graphs.get(batch.graph_key) if batch.graph_key is not None else None
+        if captured is not None:
+            captured[0].replay()
+            self.num_replays += 1
+            logits_h, next_h = captured[1]
+        else:
+            logits_h, next_h = self._first_pass(batch, target_states, attn)
         if not reqs:
             return
         sel = torch.tensor(reqs).to(device, non_blocking=True)

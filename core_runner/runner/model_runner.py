@@ -362,3 +362,6 @@ class ModelRunner:
                     return self.model(batch.input_ids, batch.positions, **extra)
 
             self.graphs.capture(key, run)
+            if self.drafter is not None:  # the draft's first pass over the same step
+                self.graphs.pool = self.drafter.capture_first(key, batch, self.graphs.graphs[key][1], attn,
+                                                              self.graphs.pool)
