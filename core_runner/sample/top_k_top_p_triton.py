@@ -2,32 +2,62 @@
 ``top_k_top_p.top_k_top_p_threshold_ref`` followed by ``gumbel.gumbel_sample_ref``; the
 definitions and the tie rule are documented in ``top_k_top_p.py``).
 
-Three launches, each through ``kernel[grid](...)``; nothing of size batch x vocab:
+Launches, each through ``kernel[grid](...)`` with a grid from host ints; nothing of size
+batch x vocab and no host sync (which rows need more work stays on the device), so a call
+is CUDA-graph capturable:
 
 1. read, grid (rows, S parts): each program streams its contiguous part in tiles of BLOCK
-   columns (x = logit * inv_temp). Each row picks its mode on the device: greedy rows take
-   the argmax, rows without a cut the Gumbel-Max draw (``gumbel_pass``), and rows with a cut
-   gather statistics and no noise: the part's max, its mass sum(exp(x - max)), its number of
-   finite tokens, and per lane (column mod BLOCK) the two largest values with their columns
-   plus the lane's third largest value a3.
+   columns (x = logit * inv_temp, the next tile's load in flight). Each row picks its mode on
+   the device: greedy rows take the argmax, rows without a cut the Gumbel-Max draw
+   (``gumbel_pass``), and rows with a cut gather statistics and no noise: per lane (column
+   mod BLOCK) the two largest values with their columns, the third largest a3, and the mass
+   sum(exp(x - lane max)) at one exp a token. At the end the program reads again, in full,
+   the lane w holding its largest a3 (~V / (S * BLOCK) columns, from L2), so its bound c is
+   the largest a3 of the other lanes: a token x > c is in its lane's list (else that lane's
+   a3 would be >= x > c) or in lane w. It hands over its max, its mass, the cut c and the
+   entries above it, at most PCAP: when more lie above, c is raised by a few halvings.
 2. decide, one program per row: draw-mode rows combine their parts' tokens. Cut rows combine
-   the parts' max m and mass Z and take G = the largest a3 of any lane. A token with x > G is
-   among its lane's two largest (else its lane's third largest would be >= x > G), so the
-   list entries above G are exactly the upper set {x > G}. Those candidates (at most CAP) are
-   sorted and the threshold is read off them as the reference reads it off the sorted row:
-   v_k, t_min = m + log(min_p), b = max(t_min, v_k), the mass of x >= b (Z when b = -inf,
-   else the candidates' when b > G) and v_p. When the threshold lies above G the nucleus is
-   inside the candidates, and the token is the argmax of x + noise over the candidates at or
-   above it (the noise recomputed from the column, ties to the smallest column). Otherwise
-   the row is flagged.
-3. fallback, one program per row, returning at once unless flagged: the exact threshold by
-   a pivot search over the row (``row_threshold``), then a masked Gumbel pass. Flat rows
-   (e.g. N(0, 1) logits, whose nucleus holds ~90k tokens), top-k beyond the candidates and
-   min-p below G end here: exact, but several reads of the row.
+   the parts' max m and mass Z and take G = the largest cut: the entries above G are exactly
+   the row's upper set {x > G} (each of its tokens is above its own part's cut). The S * PCAP
+   entries are sorted (the candidates above G come first) and the threshold is read off them
+   as the reference reads it off the sorted row: v_k, t_min = m + log(min_p),
+   b = max(t_min, v_k), the mass of x >= b (Z when b = -inf, else the candidates') and v_p.
+   When the threshold lies above G the nucleus is inside the candidates, and the token is
+   the argmax of x + noise over the candidates at or above it (the noise recomputed from the
+   column, ties to the smallest column). Otherwise the row is flagged: appended to a device
+   list (an atomic slot) with the state its next step starts from.
+3. split fallback, ROUNDS launches of one kernel: a fixed grid of programs takes the work
+   items (flagged row, CHUNK columns) in turn, so rows not flagged cost nothing but the
+   launch. Each item does its row's current step over its chunk and writes per-chunk partial
+   results; the last item of a row to finish (an atomic count per row, after a barrier) sums
+   the chunks in chunk order (the same sums whatever the batch) and moves the row on:
+   - search (top-k's v_k, then top-p's v_p: the largest v whose count / mass of x >= v
+     reaches the target, holding at key kl and failing at key kh): the count and mass of
+     x >= each of PIVOTS pivots spread over the bracket narrow it (only tiles with tokens
+     inside pay the compares); once it holds at most CAP tokens a collect step appends them
+     (atomic slots, any order) to the row's CAP slots, and halvings of the keys over them
+     give the answer: the largest key where the condition holds is a token's value. A top-p
+     search starts at max(b, m + log((1 - p) z / (e V))), z = Z when b = -inf, else 1: the
+     tokens below hold less than (1 - p) / e of the mass; after a top-k collect whose kept
+     tokens fit the slots it collects them at once. The top-p collect step also draws over
+     the tokens above the bracket (all kept): the finisher draws among those and the
+     bracket's tokens at or above the threshold.
+   - stats (top-k beyond the sorted entries: no floor for v_k): finite count, smallest value.
+   - draw (threshold known, e.g. min-p below G): a masked Gumbel pass per chunk, combined.
+4. serial last resort, one program per row, returning at once unless the row is still
+   unsettled after ROUNDS: the exact threshold by ``row_threshold`` (the same search in one
+   program, a pass a round), then a masked Gumbel pass. ``top_k_top_p_threshold_triton``
+   runs it on every row.
 
-On peaked rows (the benchmark's N(0, 4^2) logits at temperature 0.7, top-p 0.9: a nucleus of
-~36 tokens within ~6 of the max) the read is the only pass over the logits; the lists add
-~S * BLOCK * 16 bytes a row of stores, so a call costs about 1.1-1.5 reads of the logits.
+Which rows flag, and their rounds: flat rows (N(0, 1) logits at temperature 0.7, top-p 0.9: a
+nucleus of ~70-90k tokens; 3 rounds), a nucleus wider than the candidates (~200-600 tokens:
+randn * 3 logits, about half the rows; 2 rounds), min-p below G (1 round), top-k beyond the
+candidates (3 rounds from the sorted entries, 4 from the stats step; with top-p as well it
+can need 5 and end in the last resort). The benchmark's peaked rows (N(0, 4^2) logits at temperature 0.7, top-p
+0.9: a nucleus of ~39 tokens, at most ~190) do not flag: without the lane read again, a lane
+holding three nucleus tokens put G at or above the threshold (~2-6 rows in 1,024, each a serial
+tail of several passes). There the read is the only pass over the logits; its entries add
+~S * PCAP * 8 bytes a row of stores.
 """
 from __future__ import annotations
 
@@ -46,13 +76,47 @@ from core_runner.sample.gumbel_triton import (
     use_fast_log,
 )
 
-# tuning: programs per row in the read, columns per tile, candidates the decide sorts,
-# pivots per pass of the fallback's search
+# tuning: programs per row in the read (_PARTS) and columns per tile there (_BLOCK; S * BLOCK
+# lanes: fewer lanes hold three nucleus tokens in one lane more often); entries a part hands to
+# the decide (_PCAP; the decide sorts _PARTS * _PCAP, and a nucleus over ~_PCAP tokens of one
+# part flags); pivots a search round counts (_PIVOTS); bracket tokens a search collects (_CAP;
+# larger: one pivot round less on flat rows); the split fallback's columns per work item
+# (_CHUNK, a power of two) and its launches before the serial last resort (_ROUNDS: each costs
+# a launch even when no row is flagged)
 _PARTS = 8
 _BLOCK = 512
-_CAP = 1024
+_PCAP = 64
 _PIVOTS = 16
+_CAP = 2048
+_CHUNK = 2048
+_ROUNDS = 4
+_TILE = 256  # tile of the fallback's passes (their pivot compares are [tile, pivots])
 _LOG2E = tl.constexpr(1.4426950408889634)
+_FLT_MAX = tl.constexpr(3.4028234663852886e38)
+
+# a flagged row's step (state field _PH); _SERIAL marks rows the last resort settled
+_DONE = tl.constexpr(0)
+_STATS = tl.constexpr(1)
+_K_PIVOT = tl.constexpr(2)
+_K_COLLECT = tl.constexpr(3)
+_P_PIVOT = tl.constexpr(4)
+_P_COLLECT = tl.constexpr(5)
+_DRAW = tl.constexpr(6)
+_SERIAL = tl.constexpr(7)
+# a flagged row's state: int fields (step, bracket keys kl / kh, count of x >= value(kh), the
+# decide's candidate count) and float fields (row max m, lower cut b, row mass Z relative to m,
+# mass of x >= value(kh))
+_NSI = tl.constexpr(8)
+_PH = tl.constexpr(0)
+_KL = tl.constexpr(1)
+_KH = tl.constexpr(2)
+_CHI = tl.constexpr(3)
+_NC = tl.constexpr(4)
+_NSF = tl.constexpr(8)
+_M = tl.constexpr(0)
+_B = tl.constexpr(1)
+_Z = tl.constexpr(2)
+_FHI = tl.constexpr(3)
 
 
 @triton.jit
@@ -70,24 +134,71 @@ def _value(k):
 
 
 @triton.jit
+def _pivots(kl, kh, NP: tl.constexpr):
+    """NP increasing keys in (kl, kh]: spread evenly over the values, consecutive keys once the
+    bracket is that narrow."""
+    j = tl.arange(0, NP) + 1
+    dense = kh - kl <= NP + 1
+    lo_f = _value(kl)
+    hi_f = _value(kh)
+    spread = _key(lo_f + (hi_f - lo_f) * (j.to(tl.float32) / (NP + 1)))
+    spread = tl.minimum(tl.maximum(spread, kl + j), kh - (NP + 1 - j))
+    return tl.where(dense, tl.minimum(kl + j, kh), spread)
+
+
+@triton.jit
+def _narrow(pk, cnt, mass, c_lo, kl, kh, c_hi, f_hi, k_min, target, USE_MASS: tl.constexpr):
+    """One search round: cnt / mass = count / mass of x >= value(pk) for each pivot, c_lo = count
+    of x >= value(kl). The condition (count >= k_min; with USE_MASS mass >= target) holds on a
+    prefix of the pivots (both fall as the pivot rises). Returns the new kl, kh, count and mass
+    of x >= value(kh), and the count of the bracket [kl, kh)."""
+    ok = cnt >= k_min
+    if USE_MASS:
+        ok = ok & (mass >= target)
+    c_kl = tl.min(tl.where(ok, cnt, c_lo), axis=0)
+    c_hi = tl.max(tl.where(ok, c_hi, cnt), axis=0)
+    f_hi = tl.max(tl.where(ok, f_hi, mass), axis=0)
+    new_kl = tl.max(tl.where(ok, pk, kl), axis=0)
+    kh = tl.min(tl.where(ok, kh, pk), axis=0)
+    return new_kl, kh, c_hi, f_hi, c_kl - c_hi
+
+
+@triton.jit
+def _bracket_value(vals, kl, kh, c_hi, f_hi, m, k_min, target, USE_MASS: tl.constexpr):
+    """The search's answer from every token of its bracket [kl, kh) (``vals``, any order, -inf
+    padded), c_hi / f_hi the count / mass of x >= value(kh): halvings of the keys keep the
+    condition (count of x >= v reaches k_min; with USE_MASS mass reaches target) true at kl and
+    false at kh, so kl ends on the largest key where it holds, a token's value (the condition
+    only changes at tokens): the value of the first token, in descending order, to reach it."""
+    e = tl.exp(vals - m)
+    for _ in range(32):
+        if kh - kl > 1:
+            mid = kl + (kh - kl) // 2
+            ge = vals >= _value(mid)
+            if USE_MASS:
+                holds = f_hi + tl.sum(tl.where(ge, e, 0.0), axis=0) >= target
+            else:
+                holds = c_hi + tl.sum(ge.to(tl.int32), axis=0) >= k_min
+            kl = tl.where(holds, mid, kl)
+            kh = tl.where(holds, kh, mid)
+    return _value(kl)
+
+
+@triton.jit
 def _search(row, vocab, inv_t, m, lo, z_lo, kh, k_min, p, cx_ptr, USE_MASS: tl.constexpr, BLOCK: tl.constexpr,
             NP: tl.constexpr, CAP: tl.constexpr):
     """Largest v >= lo with count(x >= v) >= k_min (and, with USE_MASS, mass(x >= v) >=
-    p * mass(x >= z_lo), z_lo <= lo); the condition holds at lo and fails at key kh."""
+    p * mass(x >= z_lo), z_lo <= lo); the condition holds at lo and fails at key kh. One
+    program: a pass over the row a round (the split fallback spreads the same rounds)."""
     kl = _key(lo)
-    j = tl.arange(0, NP) + 1
     n_in = CAP + 1  # tokens with key in [kl, kh) (unknown before the first pass)
     c_hi = 0  # count and mass of the tokens >= value(kh)
     f_hi = 0.0
     z = 0.0
     while (kh - kl > 1) & (n_in > CAP):
-        dense = kh - kl <= NP + 1
-        lo_f = _value(kl)
-        hi_f = _value(kh)
-        spread = _key(lo_f + (hi_f - lo_f) * (j.to(tl.float32) / (NP + 1)))
-        spread = tl.minimum(tl.maximum(spread, kl + j), kh - (NP + 1 - j))
-        pk = tl.where(dense, tl.minimum(kl + j, kh), spread)
+        pk = _pivots(kl, kh, NP)
         pv = _value(pk)
+        lo_f = _value(kl)
         cnt = tl.zeros([BLOCK, NP], dtype=tl.int32)
         mass = tl.zeros([BLOCK, NP], dtype=tl.float32)
         c_lo = tl.zeros([BLOCK], dtype=tl.int32)
@@ -102,23 +213,13 @@ def _search(row, vocab, inv_t, m, lo, z_lo, kh, k_min, p, cx_ptr, USE_MASS: tl.c
                 e = tl.exp(x - m)  # 0 for -inf tokens
                 mass += tl.where(ge, e[:, None], 0.0)
                 zz += tl.where(x >= z_lo, e, 0.0)
-        cnt_s = tl.sum(cnt, axis=0)
-        ok = cnt_s >= k_min
-        mass_s = tl.sum(mass, axis=0)
         if USE_MASS:
             z = tl.sum(zz, axis=0)
-            ok = ok & (mass_s >= p * z)
-        # ok holds on a prefix of the pivots (count and mass fall as the pivot rises)
-        c_kl = tl.min(tl.where(ok, cnt_s, tl.sum(c_lo, axis=0)), axis=0)
-        c_hi = tl.max(tl.where(ok, c_hi, cnt_s), axis=0)
-        f_hi = tl.max(tl.where(ok, f_hi, mass_s), axis=0)
-        n_in = c_kl - c_hi
-        new_kl = tl.max(tl.where(ok, pk, kl), axis=0)
-        kh = tl.min(tl.where(ok, kh, pk), axis=0)
-        kl = new_kl
+        kl, kh, c_hi, f_hi, n_in = _narrow(pk, tl.sum(cnt, axis=0), tl.sum(mass, axis=0), tl.sum(c_lo, axis=0),
+                                           kl, kh, c_hi, f_hi, k_min, p * z, USE_MASS)
     v = _value(kl)
     if kh - kl > 1:
-        # the n_in <= CAP tokens of the bracket, sorted: the answer is one of them
+        # the n_in <= CAP tokens of the bracket, collected: the answer is one of them
         lo_f = _value(kl)
         hi_f = _value(kh)
         n_st = 0
@@ -133,18 +234,8 @@ def _search(row, vocab, inv_t, m, lo, z_lo, kh, k_min, p, cx_ptr, USE_MASS: tl.c
             n_st += n_sel
         tl.debug_barrier()  # stored by other threads
         offs = tl.arange(0, CAP)
-        valid = offs < n_st  # == n_in <= CAP
-        s = tl.sort(tl.load(cx_ptr + offs, mask=valid, other=-float("inf"), cache_modifier=".cg"), dim=0,
-                    descending=True)
-        if USE_MASS:
-            cum = f_hi + tl.cumsum(tl.where(valid, tl.exp(s - m), 0.0), axis=0)
-            target = p * z
-        else:
-            cum = (c_hi + offs + 1).to(tl.float32)
-            target = k_min.to(tl.float32)
-        first = tl.sum((valid & (cum < target)).to(tl.int32), axis=0)
-        if first < n_st:
-            v = tl.max(tl.where(offs == first, s, -float("inf")), axis=0)
+        vals = tl.load(cx_ptr + offs, mask=offs < n_st, other=-float("inf"), cache_modifier=".cg")
+        v = _bracket_value(vals, kl, kh, c_hi, f_hi, m, k_min, p * z, USE_MASS)
     return v
 
 
@@ -165,19 +256,71 @@ def row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, lo_k, lo_p, cx_ptr
     return b
 
 
-
-
 @triton.jit
 def _has_cut(k, p, lmp, vocab):
     return ((k > 0) & (k < vocab)) | (p < 1.0) | (lmp > -float("inf"))
 
 
 @triton.jit
-def _read_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, tok_ptr, pmax_ptr, pmass_ptr,
-                 pfin_ptr, pg_ptr, lv_ptr, lc_ptr, vocab, part, FAST_LOG: tl.constexpr, BLOCK: tl.constexpr):
+def _count_above(b1, b2, xw, c):
+    """Entries above c: the lists b1, b2 (-inf for the lane read again) and its values xw."""
+    return tl.sum((b1 > c).to(tl.int32) + (b2 > c).to(tl.int32) + (xw > c).to(tl.int32), axis=0)
+
+
+@triton.jit
+def _part_entries(row, lo, hi, inv_t, o, a1, a2, a3, c1, c2, z, pmax_ptr, pmass_ptr, pcut_ptr, pcnt_ptr, lv_ptr,
+                  lc_ptr, BLOCK: tl.constexpr, PCAP: tl.constexpr):
+    """A cut row's part, after its pass: max, mass, and the <= PCAP entries above its cut."""
+    lanes = tl.arange(0, BLOCK)
+    m = tl.max(a1, axis=0)
+    ms = tl.where(m > -float("inf"), m, 0.0)
+    tl.store(pmax_ptr + o, m)
+    tl.store(pmass_ptr + o, tl.sum(z * tl.math.exp2((a1 - ms) * _LOG2E), axis=0))
+    # the lane w with the largest third value is read again in full (one column per element,
+    # from L2), its lists left out: the part's bound is then the largest third value of the others
+    w = tl.min(tl.where(a3 == tl.max(a3, axis=0), lanes, BLOCK), axis=0)
+    other = lanes != w
+    c = tl.max(tl.where(other, a3, -float("inf")), axis=0)
+    b1 = tl.where(other, a1, -float("inf"))
+    b2 = tl.where(other, a2, -float("inf"))
+    cw = lo + w + lanes * BLOCK
+    xw = tl.load(row + cw, mask=cw < hi, other=-float("inf")).to(tl.float32) * inv_t
+    if _count_above(b1, b2, xw, c) > PCAP:
+        # raise the cut until at most PCAP entries lie above: halvings of [max(c, m - 32), m]
+        # (none lies above m); only a bound is needed, so a few halvings do
+        lo_c = tl.maximum(c, m - 32.0)
+        hi_c = m
+        for _ in range(6):
+            mid = lo_c + (hi_c - lo_c) * 0.5
+            fits = _count_above(b1, b2, xw, mid) <= PCAP
+            lo_c = tl.where(fits, lo_c, mid)
+            hi_c = tl.where(fits, mid, hi_c)
+        c = hi_c
+    tl.store(pcut_ptr + o, c)
+    # a lane's entries (list 1, list 2, the value read again) go after those of the lanes below
+    s1 = (b1 > c).to(tl.int32)
+    s2 = (b2 > c).to(tl.int32)
+    s3 = (xw > c).to(tl.int32)
+    n = s1 + s2 + s3
+    at = o.to(tl.int64) * PCAP + tl.cumsum(n, axis=0) - n
+    tl.store(lv_ptr + at, b1, mask=s1 > 0)
+    tl.store(lc_ptr + at, c1, mask=s1 > 0)
+    tl.store(lv_ptr + at + s1, b2, mask=s2 > 0)
+    tl.store(lc_ptr + at + s1, c2, mask=s2 > 0)
+    tl.store(lv_ptr + at + s1 + s2, xw, mask=s3 > 0)
+    tl.store(lc_ptr + at + s1 + s2, cw, mask=s3 > 0)
+    tl.store(pcnt_ptr + o, tl.sum(n, axis=0))
+
+
+@triton.jit
+def _read_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, nflag_ptr, tok_ptr, pmax_ptr,
+                 pmass_ptr, pcut_ptr, pcnt_ptr, lv_ptr, lc_ptr, vocab, part, FAST_LOG: tl.constexpr,
+                 BLOCK: tl.constexpr, PCAP: tl.constexpr):
     i = tl.program_id(0)
     s = tl.program_id(1)
     o = i * tl.num_programs(1) + s
+    if o == 0:
+        tl.store(nflag_ptr, 0)  # the decide appends its flagged rows from slot 0
     row = logits_ptr + i.to(tl.int64) * s_row
     lo = s * part
     hi = tl.minimum(lo + part, vocab)
@@ -195,46 +338,75 @@ def _read_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, 
         c1 = lo + lanes
         c2 = c1
         z = tl.zeros([BLOCK], tl.float32)  # the lane's mass relative to its max a1
-        nf = tl.zeros([BLOCK], tl.int32)
+        nxt = tl.load(row + lo + lanes, mask=lo + lanes < hi, other=-float("inf"))
         for start in range(lo, hi, BLOCK):
             cols = start + lanes
-            x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
-            nf += (x > -float("inf")).to(tl.int32)
+            x = nxt.to(tl.float32) * inv_t
+            # the next tile's load is in flight while this one is sorted into the lists
+            nxt = tl.load(row + BLOCK + cols, mask=cols + BLOCK < hi, other=-float("inf"))
             gt1 = x > a1
             gt2 = x > a2
-            a3 = tl.where(gt2, a2, tl.where(x > a3, x, a3))
+            a3 = tl.where(gt2, a2, tl.maximum(a3, x))
             a2 = tl.where(gt1, a1, tl.where(gt2, x, a2))
             c2 = tl.where(gt1, c1, tl.where(gt2, cols, c2))
-            new1 = tl.where(gt1, x, a1)
-            ref = tl.where(new1 > -float("inf"), new1, 0.0)
-            z = z * tl.math.exp2((a1 - ref) * _LOG2E) + tl.math.exp2((x - ref) * _LOG2E)
-            a1 = new1
+            # one exp a token: exp(-|x - a1|) rescales z (new max) or is the token's share; the
+            # clamp keeps -inf - -inf (a lane of -inf so far) out
+            t = tl.math.exp2(-tl.abs(x - tl.maximum(a1, -_FLT_MAX)) * _LOG2E)
+            z = tl.where(gt1, z * t + 1.0, z + t)
+            a1 = tl.where(gt1, x, a1)
             c1 = tl.where(gt1, cols, c1)
-        m = tl.max(a1, axis=0)
-        ms = tl.where(m > -float("inf"), m, 0.0)
-        tl.store(pmax_ptr + o, m)
-        tl.store(pmass_ptr + o, tl.sum(z * tl.math.exp2((a1 - ms) * _LOG2E), axis=0))
-        tl.store(pfin_ptr + o, tl.sum(nf, axis=0))
-        tl.store(pg_ptr + o, tl.max(a3, axis=0))
-        base = o.to(tl.int64) * 2 * BLOCK + lanes
-        tl.store(lv_ptr + base, a1)
-        tl.store(lv_ptr + base + BLOCK, a2)
-        tl.store(lc_ptr + base, c1)
-        tl.store(lc_ptr + base + BLOCK, c2)
+        _part_entries(row, lo, hi, inv_t, o, a1, a2, a3, c1, c2, z, pmax_ptr, pmass_ptr, pcut_ptr, pcnt_ptr, lv_ptr,
+                      lc_ptr, BLOCK, PCAP)
+
+
+@triton.jit
+def _p_floor(m, b, p, z_lb, vocab):
+    """A value where the top-p condition holds: the tokens below m + log((1 - p) z_lb / (e V))
+    hold less than (1 - p) / e of the mass of x >= b (z_lb <= that mass: the row's mass Z when
+    b = -inf, else 1, the max's). When 1 - p is too small for this margin to beat rounding,
+    m - 128 (exp underflows to 0 below)."""
+    d = tl.where(p < 0.9999, tl.log((1.0 - p) * z_lb / vocab) - 1.0, -128.0)
+    return tl.maximum(b, m + tl.maximum(d, -128.0))
+
+
+@triton.jit
+def _start_after_k(si, sf, fill_ptr, p, m, b, n_b, vocab, CAP: tl.constexpr):
+    """State of a row whose b = max(t_min, v_k) is known: the draw, or the top-p search; that
+    search collects at once when n_b >= count(x >= b) fits the slots."""
+    tl.store(sf + _B, b)
+    if p < 1.0:
+        tl.store(si + _KH, (_key(m) + 1).to(tl.int32))
+        tl.store(si + _CHI, 0)
+        tl.store(sf + _FHI, 0.0)
+        if n_b <= CAP:
+            tl.store(si + _KL, _key(b).to(tl.int32))
+            tl.store(fill_ptr, 0)
+            tl.store(si + _PH, _P_COLLECT)
+        else:
+            z_lb = tl.where(b == -float("inf"), tl.load(sf + _Z), 1.0)
+            tl.store(si + _KL, _key(_p_floor(m, b, p, z_lb, vocab)).to(tl.int32))
+            tl.store(si + _PH, _P_PIVOT)
+    else:
+        tl.store(si + _PH, _DRAW)
 
 
 @triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, tok_ptr, pmax_ptr,
-                   pmass_ptr, pfin_ptr, pg_ptr, lv_ptr, lc_ptr, cv_ptr, cc_ptr, out_ptr, flag_ptr, vocab, n_parts,
-                   FAST_LOG: tl.constexpr, BLOCK: tl.constexpr, P: tl.constexpr, CAP: tl.constexpr):
+                   pmass_ptr, pcut_ptr, pcnt_ptr, lv_ptr, lc_ptr, out_ptr, thr_ptr, flag_ptr, si_ptr, sf_ptr,
+                   flist_ptr, nflag_ptr, done_ptr, fill_ptr, vocab, n_parts, FAST_LOG: tl.constexpr,
+                   P: tl.constexpr, PCAP: tl.constexpr, CAP: tl.constexpr):
     i = tl.program_id(0)
     row = logits_ptr + i.to(tl.int64) * s_row
+    si = si_ptr + i * _NSI
+    sf = sf_ptr + i * _NSF
     inv_t = tl.load(inv_t_ptr + i)
     k = tl.load(k_ptr + i)
     p = tl.load(p_ptr + i)
     lmp = tl.load(lmp_ptr + i)
     k1, k2 = row_keys(seed_ptr, pos_ptr, i)
     flag = 0
+    thr = -float("inf")
+    tok = tl.zeros([], tl.int64)
     if (inv_t == 0) | (not _has_cut(k, p, lmp, vocab)):
         tok = combine_part_tokens(row, tok_ptr + i * n_parts, n_parts, inv_t, 0.0, k1, k2, False, FAST_LOG, P)
     else:
@@ -244,61 +416,285 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr
         m = tl.max(pm, axis=0)
         ms = tl.where(m > -float("inf"), m, 0.0)
         z = tl.sum(tl.load(pmass_ptr + i * n_parts + offs, mask=ok, other=0.0) * tl.exp(pm - ms), axis=0)
-        nf = tl.sum(tl.load(pfin_ptr + i * n_parts + offs, mask=ok, other=0), axis=0)
-        g = tl.max(tl.load(pg_ptr + i * n_parts + offs, mask=ok, other=-float("inf")), axis=0)
-        # the candidates {x > G}, moved part by part to the row's CAP slots of scratch
-        e = tl.arange(0, 2 * BLOCK)
-        n_c = 0
-        for s in range(0, n_parts):
-            lbase = (i.to(tl.int64) * n_parts + s) * 2 * BLOCK
-            v = tl.load(lv_ptr + lbase + e)
-            sel = v > g
-            at = n_c + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            put = sel & (at < CAP)
-            tl.store(cv_ptr + i * CAP + at, v, mask=put)
-            tl.store(cc_ptr + i * CAP + at, tl.load(lc_ptr + lbase + e, mask=put, other=0), mask=put)
-            n_c += tl.sum(sel.to(tl.int32), axis=0)
-        tl.debug_barrier()  # stored by other threads
-        j = tl.arange(0, CAP)
-        valid = j < n_c
-        cv = tl.load(cv_ptr + i * CAP + j, mask=valid, other=-float("inf"))
-        cc = tl.load(cc_ptr + i * CAP + j, mask=valid, other=0)
-        srt = tl.sort(cv, dim=0, descending=True)
-        ok_row = (n_c <= CAP) & (nf > 0)
-        # the reference's threshold, read off the sorted candidates
+        g = tl.max(tl.load(pcut_ptr + i * n_parts + offs, mask=ok, other=-float("inf")), axis=0)
+        # every part's entries, sorted: the candidates {x > G} come first
+        j = tl.arange(0, P * PCAP)
+        s = j // PCAP
+        valid = (s < n_parts) & (j % PCAP < tl.load(pcnt_ptr + i * n_parts + s, mask=s < n_parts, other=0))
+        at = (i * n_parts).to(tl.int64) * PCAP + j
+        v = tl.load(lv_ptr + at, mask=valid, other=-float("inf"))
+        c = tl.load(lc_ptr + at, mask=valid, other=0)
+        srt = tl.sort(v, dim=0, descending=True)
+        n_st = tl.sum(valid.to(tl.int32), axis=0)
+        n_c = tl.sum((v > g).to(tl.int32), axis=0)
+        # the reference's threshold, read off the sorted candidates (G = -inf: they are every
+        # finite token, so a top-k beyond them is no cut)
         b = m + lmp
-        k_on = (k > 0) & (k < nf)
-        if k_on:
-            ok_row = ok_row & (k <= n_c)
+        k_on = (k > 0) & (k < vocab)
+        k_open = k_on & (k > n_c) & (g > -float("inf"))
+        if k_on & (k <= n_c):
             b = tl.maximum(b, tl.max(tl.where(j == k - 1, srt, -float("inf")), axis=0))
         thr = b
+        settled = ~k_open
         if p < 1.0:
-            ex = tl.where(valid & (srt >= b), tl.exp(srt - ms), 0.0)
+            in_b = (j < n_c) & (srt >= b)
+            ex = tl.where(in_b, tl.exp(srt - ms), 0.0)
             z_b = tl.where(b > -float("inf"), tl.sum(ex, axis=0), z)
-            ok_row = ok_row & ((b == -float("inf")) | (b > g))
             cum = tl.cumsum(ex, axis=0)
-            first = tl.sum((valid & (srt >= b) & (cum < p * z_b)).to(tl.int32), axis=0)
-            n_b = tl.sum((valid & (srt >= b)).to(tl.int32), axis=0)
-            ok_row = ok_row & (first < n_b)
+            first = tl.sum((in_b & (cum < p * z_b)).to(tl.int32), axis=0)
+            settled = settled & ((b == -float("inf")) | (b > g)) & (first < tl.sum(in_b.to(tl.int32), axis=0))
             thr = tl.maximum(b, tl.max(tl.where(j == first, srt, -float("inf")), axis=0))
-        if ok_row & (thr > g):
-            noisy = tl.where(valid & (cv >= thr), cv + gumbel_noise(col_hash(cc), k1, k2, FAST_LOG), -float("inf"))
+        if m == -float("inf"):
+            thr = -float("inf")  # nothing finite: the reference's argmax of -inf is column 0
+        elif settled & (thr > g):
+            keep = valid & (v >= thr)
+            noisy = tl.where(keep, v + gumbel_noise(col_hash(c), k1, k2, FAST_LOG), -float("inf"))
             top = tl.max(noisy, axis=0)
-            tok = tl.min(tl.where(valid & (noisy == top), cc, _BIG), axis=0).to(tl.int64)
+            tok = tl.min(tl.where(keep & (noisy == top), c, _BIG), axis=0).to(tl.int64)
         else:
             flag = 1
-            tok = tl.zeros([], tl.int64)
+            tl.store(sf + _M, m)
+            tl.store(sf + _Z, z)
+            tl.store(done_ptr + i, 0)
+            tl.store(fill_ptr + i, 0)
+            tl.store(flist_ptr + tl.atomic_add(nflag_ptr, 1), i)
+            if k_open:
+                # v_k <= G (fewer than k tokens above it); the k-th sorted entry is a floor when
+                # there is one, else the stats step finds the smallest finite value
+                tl.store(sf + _B, m + lmp)
+                tl.store(sf + _FHI, 0.0)  # (top-k counts; the mass is unused)
+                tl.store(si + _KH, (_key(g) + 1).to(tl.int32))
+                tl.store(si + _CHI, n_c)
+                tl.store(si + _NC, n_c)
+                if k <= n_st:
+                    tl.store(si + _PH, _K_PIVOT)
+                    tl.store(si + _KL, _key(tl.max(tl.where(j == k - 1, srt, -float("inf")), axis=0)).to(tl.int32))
+                else:
+                    tl.store(si + _PH, _STATS)
+            else:
+                _start_after_k(si, sf, fill_ptr + i, p, m, b, CAP + 1, vocab, CAP)
+    if flag == 0:
+        tl.store(si + _PH, _DONE)
+        tl.store(thr_ptr + i, thr)
     tl.store(out_ptr + i, tok)
     tl.store(flag_ptr + i, flag)
 
 
 @triton.jit
-def _fallback_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, flag_ptr, cx_ptr,
+def _pivot_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, pv, TILE: tl.constexpr, NP: tl.constexpr):
+    """Over columns [lo, hi): count and mass of x >= each pivot (in [lo_f, hi_f]), count of
+    x >= lo_f, mass of x >= b. Only tiles with tokens inside the bracket pay the compares."""
+    lanes = tl.arange(0, TILE)
+    cnt = tl.zeros([NP], tl.int32)
+    mass = tl.zeros([NP], tl.float32)
+    c_lo = 0
+    f_z = 0.0
+    for start in range(lo, hi, TILE):
+        cols = start + lanes
+        x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
+        e = tl.exp(x - m)
+        ge_lo = x >= lo_f
+        ab = x >= hi_f
+        c_lo += tl.sum(ge_lo.to(tl.int32), axis=0)
+        f_z += tl.sum(tl.where(x >= b, e, 0.0), axis=0)
+        cnt += tl.sum(ab.to(tl.int32), axis=0)
+        mass += tl.sum(tl.where(ab, e, 0.0), axis=0)
+        inb = ge_lo & (x < hi_f)
+        if tl.max(inb.to(tl.int32), axis=0) > 0:
+            ge = inb[:, None] & (x[:, None] >= pv[None, :])
+            cnt += tl.sum(ge.to(tl.int32), axis=0)
+            mass += tl.sum(tl.where(ge, e[:, None], 0.0), axis=0)
+    return cnt, mass, c_lo, f_z
+
+
+@triton.jit
+def _collect_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, cv_ptr, cc_ptr, fill_ptr, CAP: tl.constexpr,
+                  TILE: tl.constexpr):
+    """Appends the tokens of [lo_f, hi_f) in columns [lo, hi) to the row's slots (an atomic slot
+    count: any order, which the finisher's halvings ignore); returns the mass of x >= b."""
+    lanes = tl.arange(0, TILE)
+    f_z = 0.0
+    for start in range(lo, hi, TILE):
+        cols = start + lanes
+        x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
+        f_z += tl.sum(tl.where(x >= b, tl.exp(x - m), 0.0), axis=0)
+        sel = (x >= lo_f) & (x < hi_f)
+        n_sel = tl.sum(sel.to(tl.int32), axis=0)
+        if n_sel > 0:
+            at = tl.atomic_add(fill_ptr, n_sel) + tl.cumsum(sel.to(tl.int32), axis=0) - 1
+            put = sel & (at < CAP)
+            tl.store(cv_ptr + at, x, mask=put)
+            tl.store(cc_ptr + at, cols, mask=put)
+    return f_z
+
+
+@triton.jit
+def _chunk_draws(row, qi, n_chunks, inv_t, lo_x, k1, k2, FAST_LOG: tl.constexpr, NCH: tl.constexpr,
+                 W: tl.constexpr):
+    """The chunks' tokens (field W - 1 of each chunk's ints) and their noisy values, -inf
+    unless x >= lo_x (a chunk without such a token returns one below it)."""
+    ch = tl.arange(0, NCH)
+    okc = ch < n_chunks
+    tk = tl.load(qi + ch * W + W - 1, mask=okc, other=0, cache_modifier=".cg")
+    xk = tl.load(row + tk, mask=okc, other=-float("inf")).to(tl.float32) * inv_t
+    keep = okc & (xk >= lo_x)
+    return tl.where(keep, xk + gumbel_noise(col_hash(tk), k1, k2, FAST_LOG), -float("inf")), tk
+
+
+@triton.jit
+def _finish(i, j, ph, row, inv_t, k, p, seed_ptr, pos_ptr, si, sf, qi, qf, cv, cc, fill_ptr, out_ptr, thr_ptr, vocab,
+            n_chunks, FAST_LOG: tl.constexpr, NP: tl.constexpr, CAP: tl.constexpr, NCH: tl.constexpr,
+            W: tl.constexpr):
+    """The last item of row i in this round: reduce its chunks (in chunk order) and step on."""
+    ch = tl.arange(0, NCH)
+    okc = ch < n_chunks
+    m = tl.load(sf + _M)
+    b = tl.load(sf + _B)
+    kl = tl.load(si + _KL).to(tl.int64)
+    kh = tl.load(si + _KH).to(tl.int64)
+    c_hi = tl.load(si + _CHI)
+    f_hi = tl.load(sf + _FHI)
+    f_z = tl.sum(tl.load(qf + ch * W + NP, mask=okc, other=0.0, cache_modifier=".cg"), axis=0)
+    if ph == _STATS:
+        nf = tl.sum(tl.load(qi + ch * W + NP + 1, mask=okc, other=0, cache_modifier=".cg"), axis=0)
+        mn = tl.min(tl.load(qf + ch * W + NP + 1, mask=okc, other=float("inf"), cache_modifier=".cg"), axis=0)
+        if k < nf:
+            tl.store(si + _KL, _key(mn).to(tl.int32))
+            if nf - tl.load(si + _NC) <= CAP:  # the bracket [mn, G] holds every finite token <= G
+                tl.store(fill_ptr, 0)
+                tl.store(si + _PH, _K_COLLECT)
+            else:
+                tl.store(si + _PH, _K_PIVOT)
+        else:
+            _start_after_k(si, sf, fill_ptr, p, m, b, CAP + 1, vocab, CAP)  # top-k beyond the finite tokens
+    elif (ph == _K_PIVOT) | (ph == _P_PIVOT):
+        tile = ch[:, None] * W + tl.arange(0, NP)[None, :]
+        cnt = tl.sum(tl.load(qi + tile, mask=okc[:, None], other=0, cache_modifier=".cg"), axis=0)
+        mass = tl.sum(tl.load(qf + tile, mask=okc[:, None], other=0.0, cache_modifier=".cg"), axis=0)
+        c_lo = tl.sum(tl.load(qi + ch * W + NP, mask=okc, other=0, cache_modifier=".cg"), axis=0)
+        pk = _pivots(kl, kh, NP)
+        if ph == _K_PIVOT:
+            kl, kh, c_hi, f_hi, n_in = _narrow(pk, cnt, mass, c_lo, kl, kh, c_hi, f_hi, k, 0.0, False)
+        else:
+            kl, kh, c_hi, f_hi, n_in = _narrow(pk, cnt, mass, c_lo, kl, kh, c_hi, f_hi, 0, p * f_z, True)
+        if kh - kl <= 1:  # one key left: the answer is its value
+            if ph == _K_PIVOT:
+                _start_after_k(si, sf, fill_ptr, p, m, tl.maximum(b, _value(kl)), CAP + 1, vocab, CAP)
+            else:
+                tl.store(sf + _B, _value(kl))
+                tl.store(si + _PH, _DRAW)
+        else:
+            tl.store(si + _KL, kl.to(tl.int32))
+            tl.store(si + _KH, kh.to(tl.int32))
+            tl.store(si + _CHI, c_hi)
+            tl.store(sf + _FHI, f_hi)
+            if n_in <= CAP:
+                tl.store(fill_ptr, 0)
+                tl.store(si + _PH, ph + 1)  # the collect step of the same search
+    elif (ph == _K_COLLECT) | (ph == _P_COLLECT):
+        offs = tl.arange(0, CAP)
+        n_st = tl.load(fill_ptr, cache_modifier=".cg")
+        valid = offs < n_st
+        vals = tl.load(cv + offs, mask=valid, other=-float("inf"), cache_modifier=".cg")
+        if ph == _K_COLLECT:
+            v = _bracket_value(vals, kl, kh, c_hi, f_hi, m, k, 0.0, False)
+            n_v = c_hi + tl.sum((vals >= v).to(tl.int32), axis=0)  # count of x >= v_k >= that of x >= b
+            _start_after_k(si, sf, fill_ptr, p, m, tl.maximum(b, v), n_v, vocab, CAP)
+        else:
+            thr = _bracket_value(vals, kl, kh, c_hi, f_hi, m, 0, p * f_z, True)
+            # the draw: the bracket's tokens at or above the threshold, and the chunks' best
+            # tokens above the bracket
+            k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+            cols = tl.load(cc + offs, mask=valid, other=0, cache_modifier=".cg")
+            keep = valid & (vals >= thr)
+            nb = tl.where(keep, vals + gumbel_noise(col_hash(cols), k1, k2, FAST_LOG), -float("inf"))
+            na, ta = _chunk_draws(row, qi, n_chunks, inv_t, _value(kh), k1, k2, FAST_LOG, NCH, W)
+            top = tl.maximum(tl.max(na, axis=0), tl.max(nb, axis=0))
+            tok = tl.minimum(tl.min(tl.where(na == top, ta, _BIG), axis=0),
+                             tl.min(tl.where(keep & (nb == top), cols, _BIG), axis=0))
+            tl.store(out_ptr + i, tok.to(tl.int64))
+            tl.store(thr_ptr + i, thr)
+            tl.store(si + _PH, _DONE)
+    else:  # _DRAW
+        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+        na, ta = _chunk_draws(row, qi, n_chunks, inv_t, b, k1, k2, FAST_LOG, NCH, W)
+        top = tl.max(na, axis=0)
+        tl.store(out_ptr + i, tl.min(tl.where(okc & (na == top), ta, _BIG), axis=0).to(tl.int64))
+        tl.store(thr_ptr + i, b)
+        tl.store(si + _PH, _DONE)
+
+
+@triton.jit
+def _round_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, flist_ptr, nflag_ptr, si_ptr, sf_ptr,
+                  qi_ptr, qf_ptr, cv_ptr, cc_ptr, fill_ptr, done_ptr, out_ptr, thr_ptr, vocab, n_chunks,
+                  FAST_LOG: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, NP: tl.constexpr,
+                  CAP: tl.constexpr, NCH: tl.constexpr):
+    """One split-fallback round: the programs share the items (flagged row j, chunk) in turn."""
+    W: tl.constexpr = NP + 3  # per chunk: NP pivot counts / masses, then count >= lo / mass >= b,
+    # finite count / smallest finite value, token
+    n_items = tl.load(nflag_ptr) * n_chunks
+    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+        j = item // n_chunks
+        ch = item % n_chunks
+        i = tl.load(flist_ptr + j)
+        si = si_ptr + i * _NSI
+        sf = sf_ptr + i * _NSF
+        ph = tl.load(si + _PH)
+        if ph != _DONE:
+            row = logits_ptr + i.to(tl.int64) * s_row
+            inv_t = tl.load(inv_t_ptr + i)
+            lo = ch * CHUNK
+            hi = tl.minimum(lo + CHUNK, vocab)
+            qi = qi_ptr + (j * n_chunks + ch).to(tl.int64) * W
+            qf = qf_ptr + (j * n_chunks + ch).to(tl.int64) * W
+            m = tl.load(sf + _M)
+            b = tl.load(sf + _B)
+            lo_f = _value(tl.load(si + _KL).to(tl.int64))
+            hi_f = _value(tl.load(si + _KH).to(tl.int64))
+            if ph == _STATS:
+                nf = 0
+                mn = float("inf")
+                for start in range(lo, hi, TILE):
+                    cols = start + tl.arange(0, TILE)
+                    x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
+                    fin = x > -float("inf")
+                    nf += tl.sum(fin.to(tl.int32), axis=0)
+                    mn = tl.minimum(mn, tl.min(tl.where(fin, x, float("inf")), axis=0))
+                tl.store(qi + NP + 1, nf)
+                tl.store(qf + NP + 1, mn)
+            elif (ph == _K_PIVOT) | (ph == _P_PIVOT):
+                pv = _value(_pivots(tl.load(si + _KL).to(tl.int64), tl.load(si + _KH).to(tl.int64), NP))
+                cnt, mass, c_lo, f_z = _pivot_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, pv, TILE, NP)
+                tl.store(qi + tl.arange(0, NP), cnt)
+                tl.store(qf + tl.arange(0, NP), mass)
+                tl.store(qi + NP, c_lo)
+                tl.store(qf + NP, f_z)
+            elif (ph == _K_COLLECT) | (ph == _P_COLLECT):
+                f_z = _collect_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, cv_ptr + i.to(tl.int64) * CAP,
+                                    cc_ptr + i.to(tl.int64) * CAP, fill_ptr + i, CAP, TILE)
+                tl.store(qf + NP, f_z)
+                if ph == _P_COLLECT:  # the tokens above the bracket are all kept: draw among them
+                    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+                    tl.store(qi + W - 1, gumbel_pass(row, hi, inv_t, hi_f, k1, k2, True, FAST_LOG, TILE, lo))
+            else:  # _DRAW under the threshold b
+                k1, k2 = row_keys(seed_ptr, pos_ptr, i)
+                tl.store(qi + W - 1, gumbel_pass(row, hi, inv_t, b, k1, k2, True, FAST_LOG, TILE, lo))
+            tl.debug_barrier()  # the chunk's results, stored by every thread, before the count
+            if tl.atomic_add(done_ptr + i, 1) == n_chunks - 1:
+                tl.store(done_ptr + i, 0)
+                _finish(i, j, ph, row, inv_t, tl.load(k_ptr + i), tl.load(p_ptr + i), seed_ptr, pos_ptr, si, sf,
+                        qi_ptr + (j * n_chunks).to(tl.int64) * W, qf_ptr + (j * n_chunks).to(tl.int64) * W,
+                        cv_ptr + i.to(tl.int64) * CAP, cc_ptr + i.to(tl.int64) * CAP, fill_ptr + i, out_ptr,
+                        thr_ptr, vocab, n_chunks, FAST_LOG, NP, CAP, NCH, W)
+
+
+@triton.jit
+def _fallback_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, si_ptr, cx_ptr,
                      out_ptr, thr_ptr, vocab, FAST_LOG: tl.constexpr, DRAW: tl.constexpr, BLOCK: tl.constexpr,
                      NP: tl.constexpr, CAP: tl.constexpr):
-    """Flagged rows: the exact threshold, then a Gumbel pass over x >= threshold."""
+    """Rows still unsettled: the exact threshold in one program, then a Gumbel pass over x >= it."""
     i = tl.program_id(0)
-    if tl.load(flag_ptr + i) != 0:
+    if tl.load(si_ptr + i * _NSI + _PH) != _DONE:
         row = logits_ptr + i.to(tl.int64) * s_row
         inv_t = tl.load(inv_t_ptr + i)
         thr = -float("inf")
@@ -321,6 +717,7 @@ def _fallback_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_p
                                     tl.max(m, axis=0), mn_r, n_fin, mn_r, -float("inf"),
                                     cx_ptr + i.to(tl.int64) * CAP, BLOCK, NP, CAP)
         tl.store(thr_ptr + i, thr)
+        tl.store(si_ptr + i * _NSI + _PH, _SERIAL)
         if DRAW:
             k1, k2 = row_keys(seed_ptr, pos_ptr, i)
             tl.store(out_ptr + i, gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, FAST_LOG, BLOCK, 0).to(tl.int64))
@@ -333,39 +730,70 @@ def _settings(logits, inv_temp, top_k, top_p, log_min_p):
             top_p.float().contiguous(), log_min_p.float().contiguous())
 
 
+def _num_programs(dev: torch.device) -> int:
+    """The split fallback's grid: two programs per SM on a GPU (as many as fit; they loop over the items)."""
+    if dev.type == "cuda":
+        return 2 * torch.cuda.get_device_properties(dev).multi_processor_count
+    return 4
+
+
+def _cut_sample(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, block, parts, pcap, cap, chunk, rounds):
+    """(tokens, flags, thresholds, state steps) of ``cut_sample_triton``."""
+    n, vocab = logits.shape
+    dev = logits.device
+    i32, f32 = torch.int32, torch.float32
+    out = torch.empty(n, dtype=torch.int64, device=dev)
+    flag = torch.empty(n, dtype=i32, device=dev)
+    thr = torch.empty(n, dtype=f32, device=dev)
+    si = torch.empty((n, _NSI.value), dtype=i32, device=dev)
+    if n == 0:
+        return out, flag, thr, si[:, 0]
+    assert chunk & (chunk - 1) == 0, "chunk must be a power of two"
+    args = _settings(logits, inv_temp, top_k, top_p, log_min_p) + (seeds.contiguous(), positions.contiguous())
+    part = triton.cdiv(triton.cdiv(vocab, parts), block) * block
+    assert part <= block * block, "a lane read again must fit one tile: raise block or parts"
+    s = triton.cdiv(vocab, part)
+    n_chunks = triton.cdiv(vocab, chunk)
+    w = _PIVOTS + 3
+    # scratch, carved from one int32 and one float32 buffer
+    ints = torch.empty(1 + 3 * n + n * s * (2 + pcap) + n * n_chunks * w + n * cap, dtype=i32, device=dev)
+    floats = torch.empty(n * s * (3 + pcap) + n * _NSF.value + n * n_chunks * w + n * cap, dtype=f32, device=dev)
+    ints_at = [1, n, n, n, n * s, n * s, n * s * pcap, n * n_chunks * w, n * cap]
+    nflag, flist, done, fill, tok, pcnt, lc, qi, cc = torch.split(ints, ints_at)
+    pmax, pmass, pcut, lv, sf, qf, cv = torch.split(floats, [n * s, n * s, n * s, n * s * pcap, n * _NSF.value,
+                                                             n * n_chunks * w, n * cap])
+    fast = use_fast_log(dev)
+    stats = (tok, pmax, pmass, pcut, pcnt, lv, lc)
+    _read_kernel[(n, s)](*args, nflag, *stats, vocab, part, FAST_LOG=fast, BLOCK=block, PCAP=pcap)
+    _decide_kernel[(n,)](*args, *stats, out, thr, flag, si, sf, flist, nflag, done, fill, vocab, s, FAST_LOG=fast,
+                         P=triton.next_power_of_2(s), PCAP=pcap, CAP=cap)
+    inv_t, k, p = args[2], args[3], args[4]
+    for _ in range(rounds):
+        _round_kernel[(_num_programs(dev),)](args[0], args[1], inv_t, k, p, args[6], args[7], flist, nflag, si, sf, qi,
+                                            qf, cv, cc, fill, done, out, thr, vocab, n_chunks, FAST_LOG=fast,
+                                            CHUNK=chunk, TILE=min(_TILE, chunk), NP=_PIVOTS, CAP=cap,
+                                            NCH=triton.next_power_of_2(n_chunks), num_warps=8)
+    _fallback_kernel[(n,)](*args, si, cv, out, thr, vocab, FAST_LOG=fast, DRAW=True, BLOCK=block, NP=_PIVOTS,
+                           CAP=cap)
+    return out, flag, thr, si[:, 0]
+
+
 def cut_sample_triton(
     logits: torch.Tensor, inv_temp: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor,
     top_k: torch.Tensor, top_p: torch.Tensor, log_min_p: torch.Tensor, *, block: int = _BLOCK,
-    parts: int = _PARTS, cap: int = _CAP, with_flags: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    parts: int = _PARTS, pcap: int = _PCAP, cap: int = _CAP, chunk: int = _CHUNK, rounds: int = _ROUNDS,
+    with_flags: bool = False, details: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, ...]:
     """[n, V] logits -> [n] int64 tokens, exactly those of the reference (up to float rounding
     of sums); any mix of greedy rows, rows without a cut and rows with one. ``with_flags``
-    also returns which rows took the fallback ([n] int32)."""
-    n, vocab = logits.shape
-    dev = logits.device
-    out = torch.empty(n, dtype=torch.int64, device=dev)
-    flag = torch.empty(n, dtype=torch.int32, device=dev)
-    if n:
-        args = _settings(logits, inv_temp, top_k, top_p, log_min_p) + (seeds.contiguous(), positions.contiguous())
-        part = triton.cdiv(triton.cdiv(vocab, parts), block) * block
-        s = triton.cdiv(vocab, part)
-        f32, i32 = torch.float32, torch.int32
-        tok = torch.empty((n, s), dtype=i32, device=dev)
-        pmax, pmass, pg = (torch.empty((n, s), dtype=f32, device=dev) for _ in range(3))
-        pfin = torch.empty((n, s), dtype=i32, device=dev)
-        lv = torch.empty((n, s * 2 * block), dtype=f32, device=dev)
-        lc = torch.empty((n, s * 2 * block), dtype=i32, device=dev)
-        cv = torch.empty((n, cap), dtype=f32, device=dev)
-        cc = torch.empty((n, cap), dtype=i32, device=dev)
-        fast = use_fast_log(dev)
-        stats = (tok, pmax, pmass, pfin, pg, lv, lc)
-        _read_kernel[(n, s)](*args, *stats, vocab, part, FAST_LOG=fast, BLOCK=block)
-        _decide_kernel[(n,)](*args, *stats, cv, cc, out, flag, vocab, s, FAST_LOG=fast, BLOCK=block,
-                             P=triton.next_power_of_2(s), CAP=cap)
-        thr = torch.empty(n, dtype=f32, device=dev)
-        _fallback_kernel[(n,)](*args, flag, cv, out, thr, vocab, FAST_LOG=fast, DRAW=True, BLOCK=block,
-                               NP=_PIVOTS, CAP=cap)
-    return (out, flag) if with_flags else out
+    also returns which rows the decide flagged ([n] int32, 0 / 1). ``details`` returns
+    (tokens, flags, thresholds, steps): each row's threshold on x (-inf: no cut) and its
+    final step (0: settled by the decide or the split fallback, 7: by the serial last resort)."""
+    res = _cut_sample(logits, inv_temp, seeds, positions, top_k, top_p, log_min_p, block, parts, pcap, cap, chunk,
+                      rounds)
+    if details:
+        return res
+    return (res[0], res[1]) if with_flags else res[0]
 
 
 def top_k_top_p_threshold_triton(
@@ -373,14 +801,14 @@ def top_k_top_p_threshold_triton(
     log_min_p: torch.Tensor, block: int = _BLOCK, cap: int = _CAP,
 ) -> torch.Tensor:
     """Same contract as ``top_k_top_p_threshold_ref``: [n, V] -> [n] float32 thresholds
-    (the fallback's search on every row; for tests)."""
+    (the serial last resort's search on every row; for tests)."""
     n, vocab = logits.shape
     dev = logits.device
     thr = torch.empty(n, dtype=torch.float32, device=dev)
     if n:
         args = _settings(logits, inv_temp, top_k, top_p, log_min_p)
-        flag = torch.ones(n, dtype=torch.int32, device=dev)
+        si = torch.full((n, _NSI.value), _STATS.value, dtype=torch.int32, device=dev)
         cx = torch.empty((n, cap), dtype=torch.float32, device=dev)
-        _fallback_kernel[(n,)](*args, flag, flag, flag, cx, thr, thr, vocab, FAST_LOG=False, DRAW=False,
+        _fallback_kernel[(n,)](*args, si, si, si, cx, thr, thr, vocab, FAST_LOG=False, DRAW=False,
                                BLOCK=block, NP=_PIVOTS, CAP=cap)
     return thr

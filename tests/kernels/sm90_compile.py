@@ -114,11 +114,13 @@ def sampler_cases(n: int = 8, vocab: int = 5008) -> dict:
     k = torch.full((n,), -1, dtype=torch.int32)
     p = torch.full((n,), 0.9)
     lmp = torch.full((n,), -float("inf"))
+    xb = torch.randn(2, 151936)  # the benchmark's vocab: the split fallback's chunk count as on the GPU
     return {
         "gumbel": lambda: gumbel_sample_triton(x, inv, seeds, pos),
         "gumbel_threshold": lambda: gumbel_sample_triton(x, inv, seeds, pos, threshold=p),
         "cut": lambda: cut_sample_triton(x, inv, seeds, pos, k, p, lmp),  # the default shape
         "cut_block128_cap128": lambda: cut_sample_triton(x, inv, seeds, pos, k, p, lmp, block=128, cap=128),
+        "cut_v151936": lambda: cut_sample_triton(xb, inv[:2], seeds[:2], pos[:2], k[:2], p[:2], lmp[:2]),
         "threshold": lambda: top_k_top_p_threshold_triton(x, inv, k, p, lmp),
         "logprobs": lambda: logsumexp_rank_triton(x, pos),
     }
