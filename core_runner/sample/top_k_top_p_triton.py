@@ -499,11 +499,13 @@ def _pivot_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, pv, TILE: tl.constexpr, NP
         f_z += tl.sum(tl.where(x >= b, e, 0.0), axis=0)
         cnt += tl.sum(ab.to(tl.int32), axis=0)
         mass += tl.sum(tl.where(ab, e, 0.0), axis=0)
-        inb = ge_lo & (x < hi_f)
-        if tl.max(inb.to(tl.int32), axis=0) > 0:
-            ge = inb[:, None] & (x[:, None] >= pv[None, :])
+        if tl.max((ge_lo & (x < hi_f)).to(tl.int32), axis=0) > 0:
+            # the tile again (from cache), converted inside this block: triton 3.6's layout pass
+            # fails on bf16 rows when values converted outside the branch are used in it
+            xi = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
+            ge = ((xi >= lo_f) & (xi < hi_f))[:, None] & (xi[:, None] >= pv[None, :])
             cnt += tl.sum(ge.to(tl.int32), axis=0)
-            mass += tl.sum(tl.where(ge, e[:, None], 0.0), axis=0)
+            mass += tl.sum(tl.where(ge, tl.exp(xi - m)[:, None], 0.0), axis=0)
     return cnt, mass, c_lo, f_z
 
 

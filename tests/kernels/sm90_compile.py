@@ -121,6 +121,8 @@ def sampler_cases(n: int = 8, vocab: int = 5008) -> dict:
         "cut": lambda: cut_sample_triton(x, inv, seeds, pos, k, p, lmp),  # the default shape
         "cut_block128_cap128": lambda: cut_sample_triton(x, inv, seeds, pos, k, p, lmp, block=128, cap=128),
         "cut_v151936": lambda: cut_sample_triton(xb, inv[:2], seeds[:2], pos[:2], k[:2], p[:2], lmp[:2]),
+        # bf16 logits (an engine's default dtype on the GPU), read in place
+        "cut_bf16": lambda: cut_sample_triton(x.bfloat16(), inv, seeds, pos, k, p, lmp),
         "threshold": lambda: top_k_top_p_threshold_triton(x, inv, k, p, lmp),
         "logprobs": lambda: logsumexp_rank_triton(x, pos),
     }

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = ["gumbel", "cut_block128_cap128"]
+CASES = ["gumbel", "cut_block128_cap128", "cut_bf16"]
 
 
 def test_sampler_kernels_compile_for_sm90():
