@@ -33,17 +33,13 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
-    Attention,
     Linear,
     ParallelLMHead,
-    QKVParallelLinear,
     RMSNorm,
-    RowParallelLinear,
     VocabParallelEmbedding,
-    get_rope,
 )
 from core_runner.sdk import DraftModel
-from core_runner_qwen3.model import Qwen3MLP, check_head_split, eagle3_default_layers
+from core_runner_qwen3.model import Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP, eagle3_default_layers
 
 PACKED = {
     "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -92,55 +88,16 @@ def share(draft: nn.Module, name: str, module: nn.Module, width: int) -> None:
     object.__setattr__(draft, name, module)
 
 
-class LlamaDraftAttention(nn.Module):
-    """Llama attention (RoPE, no q/k norm) whose q/k/v read ``input_size`` features (2H in
+def llama_attention(config: Any, max_position: int, input_size: int | None = None) -> Qwen3Attention:
+    """Llama attention (RoPE, no q/k norm); q/k/v read ``input_size`` features (2H in
     EAGLE-3's first layer); heads split over tensor-parallel ranks like the target's."""
-
-    def __init__(self, config: Any, input_size: int, max_position: int) -> None:
-        super().__init__()
-        h, heads = config.hidden_size, config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        check_head_split(heads, kv_heads)
-        self.head_dim = getattr(config, "head_dim", None) or h // heads
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVParallelLinear(input_size, self.head_dim, heads, kv_heads, bias=bias)
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(heads * self.head_dim, h, bias=bias)
-        self.rotary_emb = get_rope(config, self.head_dim, max_position=max_position)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
-        self.split = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
+    return Qwen3Attention(config, input_size=input_size, qk_norm=False, max_position=max_position)
 
 
-class LlamaDraftLayer(nn.Module):
+def llama_draft_layer(config: Any, max_position: int, input_layernorm: bool = True) -> Qwen3DecoderLayer:
     """A pre-norm Llama decoder layer; without ``input_layernorm`` (EAGLE's first layer,
     after the original cnets.py) its input enters attention as it is."""
-
-    def __init__(self, config: Any, max_position: int, input_layernorm: bool = True) -> None:
-        super().__init__()
-        h = config.hidden_size
-        self.self_attn = LlamaDraftAttention(config, h, max_position)
-        self.mlp = Qwen3MLP(h, config.intermediate_size)
-        self.input_layernorm = RMSNorm(h, config.rms_norm_eps) if input_layernorm else None
-        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = x
-            if self.input_layernorm is not None:
-                x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+    return Qwen3DecoderLayer(config, attn=llama_attention(config, max_position), input_layernorm=input_layernorm)
 
 
 class Eagle3FirstLayer(nn.Module):
@@ -149,7 +106,7 @@ class Eagle3FirstLayer(nn.Module):
     def __init__(self, config: Any, max_position: int) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
-        self.self_attn = LlamaDraftAttention(config, 2 * h, max_position)
+        self.self_attn = llama_attention(config, max_position, 2 * h)
         self.mlp = Qwen3MLP(h, config.intermediate_size)
         self.input_layernorm = RMSNorm(h, eps)
         self.hidden_norm = RMSNorm(h, eps)
@@ -209,7 +166,7 @@ class EagleLlamaForCausalLM(_LlamaDraft):
             raise ValueError(f"eagle draft: hidden_size={h} differs from the target's {target_config.hidden_size}; "
                              "an EAGLE draft reads the target's hidden states as they are")
         self.fc = Linear(2 * h, h, bias="fc.bias" in self.names)
-        self.layers = nn.ModuleList(LlamaDraftLayer(config, self.max_position, input_layernorm=i > 0)
+        self.layers = nn.ModuleList(llama_draft_layer(config, self.max_position, input_layernorm=i > 0)
                                     for i in range(config.num_hidden_layers))
         self.lm_head = ParallelLMHead(config.vocab_size, h) if "lm_head.weight" in self.names else None
 
@@ -253,7 +210,7 @@ class Eagle3LlamaForCausalLM(_LlamaDraft):
             raise ValueError(f"eagle3 draft without aux hidden states: hidden_size={h} differs from the target's "
                              f"{target_h}")
         self.layers = nn.ModuleList([Eagle3FirstLayer(config, self.max_position)] + [
-            LlamaDraftLayer(config, self.max_position) for _ in range(config.num_hidden_layers - 1)])
+            llama_draft_layer(config, self.max_position) for _ in range(config.num_hidden_layers - 1)])
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.draft_vocab_size = int(getattr(config, "draft_vocab_size", None) or config.vocab_size)
         self.lm_head = ParallelLMHead(self.draft_vocab_size, h)

@@ -48,27 +48,35 @@ def check_head_split(num_heads: int, num_kv_heads: int) -> None:
 
 
 class Qwen3Attention(nn.Module):
-    def __init__(self, config: Any) -> None:
+    """GQA with per-head q/k RMSNorm before RoPE. ``qk_norm=False`` is Llama's attention
+    (the EAGLE drafts' layers), ``input_size`` the width q/k/v read (2H in EAGLE-3's first
+    layer), ``max_position`` the RoPE table's length (the config's by default)."""
+
+    def __init__(self, config: Any, *, input_size: int | None = None, qk_norm: bool = True,
+                 max_position: int | None = None) -> None:
         super().__init__()
         h = config.hidden_size
-        total_heads, total_kv_heads = config.num_attention_heads, config.num_key_value_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         check_head_split(total_heads, total_kv_heads)
         self.head_dim = getattr(config, "head_dim", None) or h // total_heads
         bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVParallelLinear(h, self.head_dim, total_heads, total_kv_heads, bias=bias)
+        self.qkv_proj = QKVParallelLinear(input_size or h, self.head_dim, total_heads, total_kv_heads, bias=bias)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.rotary_emb = get_rope(config, self.head_dim)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
+        self.rotary_emb = get_rope(config, self.head_dim, max_position=max_position)
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v))
 
@@ -89,13 +97,16 @@ class Qwen3MLP(nn.Module):
 
 
 class Qwen3DecoderLayer(nn.Module):
-    """Pre-norm attention + MLP block; ``mlp`` lets a variant (MoE) swap the MLP."""
+    """Pre-norm attention + MLP block; ``mlp`` lets a variant (MoE) swap the MLP, ``attn``
+    the attention (the EAGLE drafts' Llama attention), and ``input_layernorm=False`` drops the
+    first norm (EAGLE's first layer: its input enters attention as it is)."""
 
-    def __init__(self, config: Any, mlp: nn.Module | None = None) -> None:
+    def __init__(self, config: Any, mlp: nn.Module | None = None, attn: nn.Module | None = None,
+                 input_layernorm: bool = True) -> None:
         super().__init__()
-        self.self_attn = Qwen3Attention(config)
+        self.self_attn = attn if attn is not None else Qwen3Attention(config)
         self.mlp = mlp if mlp is not None else Qwen3MLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if input_layernorm else None
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
@@ -103,7 +114,8 @@ class Qwen3DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = x
-            x = self.input_layernorm(x)
+            if self.input_layernorm is not None:
+                x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(positions, x)
