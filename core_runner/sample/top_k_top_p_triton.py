@@ -4,7 +4,9 @@ definitions and the tie rule are documented in ``top_k_top_p.py``).
 
 Launches, each through ``kernel[grid](...)`` with a grid from host ints; nothing of size
 batch x vocab and no host sync (which rows need more work stays on the device), so a call
-is CUDA-graph capturable:
+is CUDA-graph capturable. This module holds the read, the decide and the launcher; the
+split fallback's kernels are in ``cut_fallback_triton.py``, the threshold search and a
+flagged row's state layout, which both use, in ``cut_search_triton.py``:
 
 1. read, grid (rows, S parts): each program streams its contiguous part in tiles of BLOCK
    columns (x = logit * inv_temp, the next tile's load in flight). Each row picks its mode on
@@ -65,6 +67,29 @@ import torch
 import triton
 import triton.language as tl
 
+from core_runner.sample.cut_fallback_triton import (
+    _fallback_kernel,
+    _round_kernel,
+)
+from core_runner.sample.cut_search_triton import (
+    _B,
+    _CHI,
+    _DONE,
+    _FHI,
+    _FLT_MAX,
+    _K_PIVOT,
+    _KH,
+    _KL,
+    _M,
+    _NC,
+    _NSF,
+    _NSI,
+    _PH,
+    _STATS,
+    _Z,
+    _key,
+    _start_after_k,
+)
 from core_runner.sample.gumbel_triton import (
     _BIG,
     argmax_pass,
@@ -92,170 +117,6 @@ _CHUNK = 2048
 _ROUNDS = 4
 _TILE = 256  # tile of the fallback's passes (their pivot compares are [tile, pivots])
 _LOG2E = tl.constexpr(1.4426950408889634)
-_FLT_MAX = tl.constexpr(3.4028234663852886e38)
-
-# a flagged row's step (state field _PH); _SERIAL marks rows the last resort settled
-_DONE = tl.constexpr(0)
-_STATS = tl.constexpr(1)
-_K_PIVOT = tl.constexpr(2)
-_K_COLLECT = tl.constexpr(3)
-_P_PIVOT = tl.constexpr(4)
-_P_COLLECT = tl.constexpr(5)
-_DRAW = tl.constexpr(6)
-_SERIAL = tl.constexpr(7)
-# a flagged row's state: int fields (step, bracket keys kl / kh, count of x >= value(kh), the
-# decide's candidate count) and float fields (row max m, lower cut b, row mass Z relative to m,
-# mass of x >= value(kh))
-_NSI = tl.constexpr(8)
-_PH = tl.constexpr(0)
-_KL = tl.constexpr(1)
-_KH = tl.constexpr(2)
-_CHI = tl.constexpr(3)
-_NC = tl.constexpr(4)
-_NSF = tl.constexpr(8)
-_M = tl.constexpr(0)
-_B = tl.constexpr(1)
-_Z = tl.constexpr(2)
-_FHI = tl.constexpr(3)
-
-
-@triton.jit
-def _key(x):
-    """float32 -> int64 key with the same order (-0.0 sorts just below +0.0)."""
-    b = x.to(tl.int32, bitcast=True)
-    return tl.where(b >= 0, b, b ^ 0x7FFFFFFF).to(tl.int64)
-
-
-@triton.jit
-def _value(k):
-    """Inverse of ``_key``."""
-    k32 = k.to(tl.int32)
-    return tl.where(k32 >= 0, k32, k32 ^ 0x7FFFFFFF).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _pivots(kl, kh, NP: tl.constexpr):
-    """NP increasing keys in (kl, kh]: spread evenly over the values, consecutive keys once the
-    bracket is that narrow."""
-    j = tl.arange(0, NP) + 1
-    dense = kh - kl <= NP + 1
-    lo_f = _value(kl)
-    hi_f = _value(kh)
-    spread = _key(lo_f + (hi_f - lo_f) * (j.to(tl.float32) / (NP + 1)))
-    spread = tl.minimum(tl.maximum(spread, kl + j), kh - (NP + 1 - j))
-    return tl.where(dense, tl.minimum(kl + j, kh), spread)
-
-
-@triton.jit
-def _narrow(pk, cnt, mass, c_lo, kl, kh, c_hi, f_hi, k_min, target, USE_MASS: tl.constexpr):
-    """One search round: cnt / mass = count / mass of x >= value(pk) for each pivot, c_lo = count
-    of x >= value(kl). The condition (count >= k_min; with USE_MASS mass >= target) holds on a
-    prefix of the pivots (both fall as the pivot rises). Returns the new kl, kh, count and mass
-    of x >= value(kh), and the count of the bracket [kl, kh)."""
-    ok = cnt >= k_min
-    if USE_MASS:
-        ok = ok & (mass >= target)
-    c_kl = tl.min(tl.where(ok, cnt, c_lo), axis=0)
-    c_hi = tl.max(tl.where(ok, c_hi, cnt), axis=0)
-    f_hi = tl.max(tl.where(ok, f_hi, mass), axis=0)
-    new_kl = tl.max(tl.where(ok, pk, kl), axis=0)
-    kh = tl.min(tl.where(ok, kh, pk), axis=0)
-    return new_kl, kh, c_hi, f_hi, c_kl - c_hi
-
-
-@triton.jit
-def _bracket_value(vals, kl, kh, c_hi, f_hi, m, k_min, target, USE_MASS: tl.constexpr):
-    """The search's answer from every token of its bracket [kl, kh) (``vals``, any order, -inf
-    padded), c_hi / f_hi the count / mass of x >= value(kh): halvings of the keys keep the
-    condition (count of x >= v reaches k_min; with USE_MASS mass reaches target) true at kl and
-    false at kh, so kl ends on the largest key where it holds, a token's value (the condition
-    only changes at tokens): the value of the first token, in descending order, to reach it."""
-    e = tl.exp(vals - m)
-    for _ in range(32):
-        if kh - kl > 1:
-            mid = kl + (kh - kl) // 2
-            ge = vals >= _value(mid)
-            if USE_MASS:
-                holds = f_hi + tl.sum(tl.where(ge, e, 0.0), axis=0) >= target
-            else:
-                holds = c_hi + tl.sum(ge.to(tl.int32), axis=0) >= k_min
-            kl = tl.where(holds, mid, kl)
-            kh = tl.where(holds, kh, mid)
-    return _value(kl)
-
-
-@triton.jit
-def _search(row, vocab, inv_t, m, lo, z_lo, kh, k_min, p, cx_ptr, USE_MASS: tl.constexpr, BLOCK: tl.constexpr,
-            NP: tl.constexpr, CAP: tl.constexpr):
-    """Largest v >= lo with count(x >= v) >= k_min (and, with USE_MASS, mass(x >= v) >=
-    p * mass(x >= z_lo), z_lo <= lo); the condition holds at lo and fails at key kh. One
-    program: a pass over the row a round (the split fallback spreads the same rounds)."""
-    kl = _key(lo)
-    n_in = CAP + 1  # tokens with key in [kl, kh) (unknown before the first pass)
-    c_hi = 0  # count and mass of the tokens >= value(kh)
-    f_hi = 0.0
-    z = 0.0
-    while (kh - kl > 1) & (n_in > CAP):
-        pk = _pivots(kl, kh, NP)
-        pv = _value(pk)
-        lo_f = _value(kl)
-        cnt = tl.zeros([BLOCK, NP], dtype=tl.int32)
-        mass = tl.zeros([BLOCK, NP], dtype=tl.float32)
-        c_lo = tl.zeros([BLOCK], dtype=tl.int32)
-        zz = tl.zeros([BLOCK], dtype=tl.float32)
-        for start in range(0, vocab, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
-            ge = x[:, None] >= pv[None, :]
-            cnt += ge.to(tl.int32)
-            c_lo += (x >= lo_f).to(tl.int32)
-            if USE_MASS:
-                e = tl.exp(x - m)  # 0 for -inf tokens
-                mass += tl.where(ge, e[:, None], 0.0)
-                zz += tl.where(x >= z_lo, e, 0.0)
-        if USE_MASS:
-            z = tl.sum(zz, axis=0)
-        kl, kh, c_hi, f_hi, n_in = _narrow(pk, tl.sum(cnt, axis=0), tl.sum(mass, axis=0), tl.sum(c_lo, axis=0),
-                                           kl, kh, c_hi, f_hi, k_min, p * z, USE_MASS)
-    v = _value(kl)
-    if kh - kl > 1:
-        # the n_in <= CAP tokens of the bracket, collected: the answer is one of them
-        lo_f = _value(kl)
-        hi_f = _value(kh)
-        n_st = 0
-        for start in range(0, vocab, BLOCK):
-            cols = start + tl.arange(0, BLOCK)
-            x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
-            sel = ((x >= lo_f) & (x < hi_f)).to(tl.int32)
-            n_sel = tl.sum(sel, axis=0)
-            if n_sel > 0:
-                at = n_st + tl.cumsum(sel, axis=0) - 1
-                tl.store(cx_ptr + at, x, mask=(sel > 0) & (at < CAP), cache_modifier=".cg")
-            n_st += n_sel
-        tl.debug_barrier()  # stored by other threads
-        offs = tl.arange(0, CAP)
-        vals = tl.load(cx_ptr + offs, mask=offs < n_st, other=-float("inf"), cache_modifier=".cg")
-        v = _bracket_value(vals, kl, kh, c_hi, f_hi, m, k_min, p * z, USE_MASS)
-    return v
-
-
-@triton.jit
-def row_threshold(row, vocab, inv_t, k, p, lmp, m, mn, n_fin, lo_k, lo_p, cx_ptr, BLOCK: tl.constexpr,
-                  NP: tl.constexpr, CAP: tl.constexpr):
-    """The row's threshold given its max m, smallest finite value mn and number of finite
-    values n_fin (all of x = logit * inv_t, n_fin > 0). lo_k <= v_k and (when t >= the
-    min-p / top-k threshold) lo_p <= v_p are optional hints (mn and -inf: none)."""
-    kh = _key(m) + 1  # no token is >= the next float above the max
-    b = m + lmp  # -inf when min_p is off
-    if (k > 0) & (k < n_fin):
-        b = tl.maximum(b, _search(row, vocab, inv_t, m, tl.maximum(lo_k, mn), mn, kh, k, 0.0, cx_ptr, False, BLOCK,
-                                  NP, CAP))
-    if p < 1.0:
-        lo = tl.maximum(tl.maximum(b, lo_p), tl.maximum(mn, m - 128.0))
-        b = tl.maximum(b, _search(row, vocab, inv_t, m, lo, b, kh, 0, p, cx_ptr, True, BLOCK, NP, CAP))
-    return b
-
-
 @triton.jit
 def _has_cut(k, p, lmp, vocab):
     return ((k > 0) & (k < vocab)) | (p < 1.0) | (lmp > -float("inf"))
@@ -360,37 +221,6 @@ def _read_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, 
 
 
 @triton.jit
-def _p_floor(m, b, p, z_lb, vocab):
-    """A value where the top-p condition holds: the tokens below m + log((1 - p) z_lb / (e V))
-    hold less than (1 - p) / e of the mass of x >= b (z_lb <= that mass: the row's mass Z when
-    b = -inf, else 1, the max's). When 1 - p is too small for this margin to beat rounding,
-    m - 128 (exp underflows to 0 below)."""
-    d = tl.where(p < 0.9999, tl.log((1.0 - p) * z_lb / vocab) - 1.0, -128.0)
-    return tl.maximum(b, m + tl.maximum(d, -128.0))
-
-
-@triton.jit
-def _start_after_k(si, sf, fill_ptr, p, m, b, n_b, vocab, CAP: tl.constexpr):
-    """State of a row whose b = max(t_min, v_k) is known: the draw, or the top-p search; that
-    search collects at once when n_b >= count(x >= b) fits the slots."""
-    tl.store(sf + _B, b)
-    if p < 1.0:
-        tl.store(si + _KH, (_key(m) + 1).to(tl.int32))
-        tl.store(si + _CHI, 0)
-        tl.store(sf + _FHI, 0.0)
-        if n_b <= CAP:
-            tl.store(si + _KL, _key(b).to(tl.int32))
-            tl.store(fill_ptr, 0)
-            tl.store(si + _PH, _P_COLLECT)
-        else:
-            z_lb = tl.where(b == -float("inf"), tl.load(sf + _Z), 1.0)
-            tl.store(si + _KL, _key(_p_floor(m, b, p, z_lb, vocab)).to(tl.int32))
-            tl.store(si + _PH, _P_PIVOT)
-    else:
-        tl.store(si + _PH, _DRAW)
-
-
-@triton.jit
 def _decide_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, tok_ptr, pmax_ptr,
                    pmass_ptr, pcut_ptr, pcnt_ptr, lv_ptr, lc_ptr, out_ptr, thr_ptr, flag_ptr, si_ptr, sf_ptr,
                    flist_ptr, nflag_ptr, done_ptr, fill_ptr, vocab, n_parts, FAST_LOG: tl.constexpr,
@@ -478,251 +308,6 @@ def _decide_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr
         tl.store(thr_ptr + i, thr)
     tl.store(out_ptr + i, tok)
     tl.store(flag_ptr + i, flag)
-
-
-@triton.jit
-def _pivot_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, pv, TILE: tl.constexpr, NP: tl.constexpr):
-    """Over columns [lo, hi): count and mass of x >= each pivot (in [lo_f, hi_f]), count of
-    x >= lo_f, mass of x >= b. Only tiles with tokens inside the bracket pay the compares."""
-    lanes = tl.arange(0, TILE)
-    cnt = tl.zeros([NP], tl.int32)
-    mass = tl.zeros([NP], tl.float32)
-    c_lo = 0
-    f_z = 0.0
-    for start in range(lo, hi, TILE):
-        cols = start + lanes
-        x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
-        e = tl.exp(x - m)
-        ge_lo = x >= lo_f
-        ab = x >= hi_f
-        c_lo += tl.sum(ge_lo.to(tl.int32), axis=0)
-        f_z += tl.sum(tl.where(x >= b, e, 0.0), axis=0)
-        cnt += tl.sum(ab.to(tl.int32), axis=0)
-        mass += tl.sum(tl.where(ab, e, 0.0), axis=0)
-        if tl.max((ge_lo & (x < hi_f)).to(tl.int32), axis=0) > 0:
-            # the tile again (from cache), converted inside this block: triton 3.6's layout pass
-            # fails on bf16 rows when values converted outside the branch are used in it
-            xi = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
-            ge = ((xi >= lo_f) & (xi < hi_f))[:, None] & (xi[:, None] >= pv[None, :])
-            cnt += tl.sum(ge.to(tl.int32), axis=0)
-            mass += tl.sum(tl.where(ge, tl.exp(xi - m)[:, None], 0.0), axis=0)
-    return cnt, mass, c_lo, f_z
-
-
-@triton.jit
-def _collect_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, cv_ptr, cc_ptr, fill_ptr, CAP: tl.constexpr,
-                  TILE: tl.constexpr):
-    """Appends the tokens of [lo_f, hi_f) in columns [lo, hi) to the row's slots (an atomic slot
-    count: any order, which the finisher's halvings ignore); returns the mass of x >= b."""
-    lanes = tl.arange(0, TILE)
-    f_z = 0.0
-    for start in range(lo, hi, TILE):
-        cols = start + lanes
-        x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
-        f_z += tl.sum(tl.where(x >= b, tl.exp(x - m), 0.0), axis=0)
-        sel = (x >= lo_f) & (x < hi_f)
-        n_sel = tl.sum(sel.to(tl.int32), axis=0)
-        if n_sel > 0:
-            at = tl.atomic_add(fill_ptr, n_sel) + tl.cumsum(sel.to(tl.int32), axis=0) - 1
-            put = sel & (at < CAP)
-            tl.store(cv_ptr + at, x, mask=put)
-            tl.store(cc_ptr + at, cols, mask=put)
-    return f_z
-
-
-@triton.jit
-def _chunk_draws(row, qi, n_chunks, inv_t, lo_x, k1, k2, FAST_LOG: tl.constexpr, NCH: tl.constexpr,
-                 W: tl.constexpr):
-    """The chunks' tokens (field W - 1 of each chunk's ints) and their noisy values, -inf
-    unless x >= lo_x (a chunk without such a token returns one below it)."""
-    ch = tl.arange(0, NCH)
-    okc = ch < n_chunks
-    tk = tl.load(qi + ch * W + W - 1, mask=okc, other=0, cache_modifier=".cg")
-    xk = tl.load(row + tk, mask=okc, other=-float("inf")).to(tl.float32) * inv_t
-    keep = okc & (xk >= lo_x)
-    return tl.where(keep, xk + gumbel_noise(col_hash(tk), k1, k2, FAST_LOG), -float("inf")), tk
-
-
-@triton.jit
-def _finish(i, j, ph, row, inv_t, k, p, seed_ptr, pos_ptr, si, sf, qi, qf, cv, cc, fill_ptr, out_ptr, thr_ptr, vocab,
-            n_chunks, FAST_LOG: tl.constexpr, NP: tl.constexpr, CAP: tl.constexpr, NCH: tl.constexpr,
-            W: tl.constexpr):
-    """The last item of row i in this round: reduce its chunks (in chunk order) and step on."""
-    ch = tl.arange(0, NCH)
-    okc = ch < n_chunks
-    m = tl.load(sf + _M)
-    b = tl.load(sf + _B)
-    kl = tl.load(si + _KL).to(tl.int64)
-    kh = tl.load(si + _KH).to(tl.int64)
-    c_hi = tl.load(si + _CHI)
-    f_hi = tl.load(sf + _FHI)
-    f_z = tl.sum(tl.load(qf + ch * W + NP, mask=okc, other=0.0, cache_modifier=".cg"), axis=0)
-    if ph == _STATS:
-        nf = tl.sum(tl.load(qi + ch * W + NP + 1, mask=okc, other=0, cache_modifier=".cg"), axis=0)
-        mn = tl.min(tl.load(qf + ch * W + NP + 1, mask=okc, other=float("inf"), cache_modifier=".cg"), axis=0)
-        if k < nf:
-            tl.store(si + _KL, _key(mn).to(tl.int32))
-            if nf - tl.load(si + _NC) <= CAP:  # the bracket [mn, G] holds every finite token <= G
-                tl.store(fill_ptr, 0)
-                tl.store(si + _PH, _K_COLLECT)
-            else:
-                tl.store(si + _PH, _K_PIVOT)
-        else:
-            _start_after_k(si, sf, fill_ptr, p, m, b, CAP + 1, vocab, CAP)  # top-k beyond the finite tokens
-    elif (ph == _K_PIVOT) | (ph == _P_PIVOT):
-        tile = ch[:, None] * W + tl.arange(0, NP)[None, :]
-        cnt = tl.sum(tl.load(qi + tile, mask=okc[:, None], other=0, cache_modifier=".cg"), axis=0)
-        mass = tl.sum(tl.load(qf + tile, mask=okc[:, None], other=0.0, cache_modifier=".cg"), axis=0)
-        c_lo = tl.sum(tl.load(qi + ch * W + NP, mask=okc, other=0, cache_modifier=".cg"), axis=0)
-        pk = _pivots(kl, kh, NP)
-        if ph == _K_PIVOT:
-            kl, kh, c_hi, f_hi, n_in = _narrow(pk, cnt, mass, c_lo, kl, kh, c_hi, f_hi, k, 0.0, False)
-        else:
-            kl, kh, c_hi, f_hi, n_in = _narrow(pk, cnt, mass, c_lo, kl, kh, c_hi, f_hi, 0, p * f_z, True)
-        if kh - kl <= 1:  # one key left: the answer is its value
-            if ph == _K_PIVOT:
-                _start_after_k(si, sf, fill_ptr, p, m, tl.maximum(b, _value(kl)), CAP + 1, vocab, CAP)
-            else:
-                tl.store(sf + _B, _value(kl))
-                tl.store(si + _PH, _DRAW)
-        else:
-            tl.store(si + _KL, kl.to(tl.int32))
-            tl.store(si + _KH, kh.to(tl.int32))
-            tl.store(si + _CHI, c_hi)
-            tl.store(sf + _FHI, f_hi)
-            if n_in <= CAP:
-                tl.store(fill_ptr, 0)
-                tl.store(si + _PH, ph + 1)  # the collect step of the same search
-    elif (ph == _K_COLLECT) | (ph == _P_COLLECT):
-        offs = tl.arange(0, CAP)
-        n_st = tl.load(fill_ptr, cache_modifier=".cg")
-        valid = offs < n_st
-        vals = tl.load(cv + offs, mask=valid, other=-float("inf"), cache_modifier=".cg")
-        if ph == _K_COLLECT:
-            v = _bracket_value(vals, kl, kh, c_hi, f_hi, m, k, 0.0, False)
-            n_v = c_hi + tl.sum((vals >= v).to(tl.int32), axis=0)  # count of x >= v_k >= that of x >= b
-            _start_after_k(si, sf, fill_ptr, p, m, tl.maximum(b, v), n_v, vocab, CAP)
-        else:
-            thr = _bracket_value(vals, kl, kh, c_hi, f_hi, m, 0, p * f_z, True)
-            # the draw: the bracket's tokens at or above the threshold, and the chunks' best
-            # tokens above the bracket
-            k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-            cols = tl.load(cc + offs, mask=valid, other=0, cache_modifier=".cg")
-            keep = valid & (vals >= thr)
-            nb = tl.where(keep, vals + gumbel_noise(col_hash(cols), k1, k2, FAST_LOG), -float("inf"))
-            na, ta = _chunk_draws(row, qi, n_chunks, inv_t, _value(kh), k1, k2, FAST_LOG, NCH, W)
-            top = tl.maximum(tl.max(na, axis=0), tl.max(nb, axis=0))
-            tok = tl.minimum(tl.min(tl.where(na == top, ta, _BIG), axis=0),
-                             tl.min(tl.where(keep & (nb == top), cols, _BIG), axis=0))
-            tl.store(out_ptr + i, tok.to(tl.int64))
-            tl.store(thr_ptr + i, thr)
-            tl.store(si + _PH, _DONE)
-    else:  # _DRAW
-        k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-        na, ta = _chunk_draws(row, qi, n_chunks, inv_t, b, k1, k2, FAST_LOG, NCH, W)
-        top = tl.max(na, axis=0)
-        tl.store(out_ptr + i, tl.min(tl.where(okc & (na == top), ta, _BIG), axis=0).to(tl.int64))
-        tl.store(thr_ptr + i, b)
-        tl.store(si + _PH, _DONE)
-
-
-@triton.jit
-def _round_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, seed_ptr, pos_ptr, flist_ptr, nflag_ptr, si_ptr, sf_ptr,
-                  qi_ptr, qf_ptr, cv_ptr, cc_ptr, fill_ptr, done_ptr, out_ptr, thr_ptr, vocab, n_chunks,
-                  FAST_LOG: tl.constexpr, CHUNK: tl.constexpr, TILE: tl.constexpr, NP: tl.constexpr,
-                  CAP: tl.constexpr, NCH: tl.constexpr):
-    """One split-fallback round: the programs share the items (flagged row j, chunk) in turn."""
-    W: tl.constexpr = NP + 3  # per chunk: NP pivot counts / masses, then count >= lo / mass >= b,
-    # finite count / smallest finite value, token
-    n_items = tl.load(nflag_ptr) * n_chunks
-    for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
-        j = item // n_chunks
-        ch = item % n_chunks
-        i = tl.load(flist_ptr + j)
-        si = si_ptr + i * _NSI
-        sf = sf_ptr + i * _NSF
-        ph = tl.load(si + _PH)
-        if ph != _DONE:
-            row = logits_ptr + i.to(tl.int64) * s_row
-            inv_t = tl.load(inv_t_ptr + i)
-            lo = ch * CHUNK
-            hi = tl.minimum(lo + CHUNK, vocab)
-            qi = qi_ptr + (j * n_chunks + ch).to(tl.int64) * W
-            qf = qf_ptr + (j * n_chunks + ch).to(tl.int64) * W
-            m = tl.load(sf + _M)
-            b = tl.load(sf + _B)
-            lo_f = _value(tl.load(si + _KL).to(tl.int64))
-            hi_f = _value(tl.load(si + _KH).to(tl.int64))
-            if ph == _STATS:
-                nf = 0
-                mn = float("inf")
-                for start in range(lo, hi, TILE):
-                    cols = start + tl.arange(0, TILE)
-                    x = tl.load(row + cols, mask=cols < hi, other=-float("inf")).to(tl.float32) * inv_t
-                    fin = x > -float("inf")
-                    nf += tl.sum(fin.to(tl.int32), axis=0)
-                    mn = tl.minimum(mn, tl.min(tl.where(fin, x, float("inf")), axis=0))
-                tl.store(qi + NP + 1, nf)
-                tl.store(qf + NP + 1, mn)
-            elif (ph == _K_PIVOT) | (ph == _P_PIVOT):
-                pv = _value(_pivots(tl.load(si + _KL).to(tl.int64), tl.load(si + _KH).to(tl.int64), NP))
-                cnt, mass, c_lo, f_z = _pivot_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, pv, TILE, NP)
-                tl.store(qi + tl.arange(0, NP), cnt)
-                tl.store(qf + tl.arange(0, NP), mass)
-                tl.store(qi + NP, c_lo)
-                tl.store(qf + NP, f_z)
-            elif (ph == _K_COLLECT) | (ph == _P_COLLECT):
-                f_z = _collect_pass(row, lo, hi, inv_t, m, b, lo_f, hi_f, cv_ptr + i.to(tl.int64) * CAP,
-                                    cc_ptr + i.to(tl.int64) * CAP, fill_ptr + i, CAP, TILE)
-                tl.store(qf + NP, f_z)
-                if ph == _P_COLLECT:  # the tokens above the bracket are all kept: draw among them
-                    k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-                    tl.store(qi + W - 1, gumbel_pass(row, hi, inv_t, hi_f, k1, k2, True, FAST_LOG, TILE, lo))
-            else:  # _DRAW under the threshold b
-                k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-                tl.store(qi + W - 1, gumbel_pass(row, hi, inv_t, b, k1, k2, True, FAST_LOG, TILE, lo))
-            tl.debug_barrier()  # the chunk's results, stored by every thread, before the count
-            if tl.atomic_add(done_ptr + i, 1) == n_chunks - 1:
-                tl.store(done_ptr + i, 0)
-                _finish(i, j, ph, row, inv_t, tl.load(k_ptr + i), tl.load(p_ptr + i), seed_ptr, pos_ptr, si, sf,
-                        qi_ptr + (j * n_chunks).to(tl.int64) * W, qf_ptr + (j * n_chunks).to(tl.int64) * W,
-                        cv_ptr + i.to(tl.int64) * CAP, cc_ptr + i.to(tl.int64) * CAP, fill_ptr + i, out_ptr,
-                        thr_ptr, vocab, n_chunks, FAST_LOG, NP, CAP, NCH, W)
-
-
-@triton.jit
-def _fallback_kernel(logits_ptr, s_row, inv_t_ptr, k_ptr, p_ptr, lmp_ptr, seed_ptr, pos_ptr, si_ptr, cx_ptr,
-                     out_ptr, thr_ptr, vocab, FAST_LOG: tl.constexpr, DRAW: tl.constexpr, BLOCK: tl.constexpr,
-                     NP: tl.constexpr, CAP: tl.constexpr):
-    """Rows still unsettled: the exact threshold in one program, then a Gumbel pass over x >= it."""
-    i = tl.program_id(0)
-    if tl.load(si_ptr + i * _NSI + _PH) != _DONE:
-        row = logits_ptr + i.to(tl.int64) * s_row
-        inv_t = tl.load(inv_t_ptr + i)
-        thr = -float("inf")
-        if inv_t > 0:
-            lanes = tl.arange(0, BLOCK)
-            m = tl.full([BLOCK], -float("inf"), tl.float32)
-            mn = tl.full([BLOCK], float("inf"), tl.float32)
-            nf = tl.zeros([BLOCK], dtype=tl.int32)
-            for start in range(0, vocab, BLOCK):
-                cols = start + lanes
-                x = tl.load(row + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32) * inv_t
-                fin = x > -float("inf")
-                m = tl.maximum(m, x)
-                mn = tl.minimum(mn, tl.where(fin, x, float("inf")))
-                nf += fin.to(tl.int32)
-            n_fin = tl.sum(nf, axis=0)
-            if n_fin > 0:
-                mn_r = tl.min(mn, axis=0)
-                thr = row_threshold(row, vocab, inv_t, tl.load(k_ptr + i), tl.load(p_ptr + i), tl.load(lmp_ptr + i),
-                                    tl.max(m, axis=0), mn_r, n_fin, mn_r, -float("inf"),
-                                    cx_ptr + i.to(tl.int64) * CAP, BLOCK, NP, CAP)
-        tl.store(thr_ptr + i, thr)
-        tl.store(si_ptr + i * _NSI + _PH, _SERIAL)
-        if DRAW:
-            k1, k2 = row_keys(seed_ptr, pos_ptr, i)
-            tl.store(out_ptr + i, gumbel_pass(row, vocab, inv_t, thr, k1, k2, True, FAST_LOG, BLOCK, 0).to(tl.int64))
 
 
 def _settings(logits, inv_temp, top_k, top_p, log_min_p):
