@@ -76,10 +76,11 @@ class DraftRunner:
     def _tokens(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         return self.model.draft_token_ids(self.model.compute_logits(hidden, step))
 
-    def _first_pass(self, batch: InputBatch, target_states: torch.Tensor,
-                    attn: AttnMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def _first_pass(self, batch: InputBatch, target_out: Any, attn: AttnMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         """The draft over every token of the step: at position p the token at p + 1 (from the
-        token table, after the step's post-update) and the target's state at p."""
+        token table, after the step's post-update) and the target's state at p: its hidden
+        state, or the layer inputs an EAGLE-3 target returns beside it, concatenated."""
+        target_states = torch.cat(target_out[1], dim=-1) if isinstance(target_out, tuple) else target_out
         token_ids = self.req_state.tables()["token_ids"]
         n, t = batch.num_reqs, target_states.shape[0]
         qsl = batch.query_start_loc[1: n + 1]
@@ -93,14 +94,13 @@ class DraftRunner:
         """Capture the first pass of a step that replays the target's graph ``key``: the same
         static batch and metadata, the target graph's output as its input."""
         def run():
-            states = torch.cat(target_out[1], dim=-1) if isinstance(target_out, tuple) else target_out
-            return self._first_pass(batch, states, attn)
+            return self._first_pass(batch, target_out, attn)
 
         graph, out = capture_graph(run, pool)
         self.first_graphs[key] = (graph, out)
         return graph.pool()
 
-    def propose(self, batch: InputBatch, target_states: torch.Tensor, attn: AttnMetadata,
+    def propose(self, batch: InputBatch, target_out: Any, attn: AttnMetadata,
                 sample_idx: torch.Tensor, reqs: list[int]) -> None:
         """Run the first pass over the whole step (replaying its graph when the target's step
         replayed one) and, for the requests at indices ``reqs`` (speculating and sampling this
@@ -115,7 +115,7 @@ class DraftRunner:
             self.num_replays += 1
             logits_h, next_h = captured[1]
         else:
-            logits_h, next_h = self._first_pass(batch, target_states, attn)
+            logits_h, next_h = self._first_pass(batch, target_out, attn)
         if not reqs:
             return
         sel = torch.tensor(reqs).to(device, non_blocking=True)

@@ -82,7 +82,7 @@ class ModelRunner:
         # gets exact ones copied back from the device, free on the CPU
         self.exact_host_lengths = self.spec is not None and not backend.supports_cuda_graphs
         self.drafter = None
-        self._step_states: tuple[torch.Tensor, AttnMetadata] | None = None
+        self._step_states: tuple[Any, AttnMetadata] | None = None
         if drafter is not None:
             self.drafter = DraftRunner(drafter, self.spec.num_speculative_tokens, self.req_state, model_state, backend,
                                        "triton" if triton_kernels else "torch", self.block_size, config.max_model_len)
@@ -233,9 +233,9 @@ class ModelRunner:
     def _run(self, batch: InputBatch) -> AsyncOutput:
         out, attn = self._forward(batch)
         # a target serving an EAGLE-3 draft returns (hidden, the inputs of some layers)
-        hidden, aux = (out[0], torch.cat(out[1], dim=-1)) if isinstance(out, tuple) else (out, None)
+        hidden = out[0] if isinstance(out, tuple) else out
         if self.spec is not None and not batch.is_dummy:  # what the proposer reads after sampling
-            self._step_states = (hidden if aux is None else aux, attn)
+            self._step_states = (out, attn)
         n = batch.num_reqs
         num_sched = (batch.query_start_loc[1:n + 1] - batch.query_start_loc[:n]).to(torch.int32)
         if not self.generates:
@@ -318,11 +318,11 @@ class ModelRunner:
         n-gram lookups, which also return (request ids, whether each found a match)."""
         if self.spec is None:
             return None
-        hidden, attn = self._step_states
+        target_out, attn = self._step_states
         self._step_states = None
         reqs = batch.propose_reqs or []
         if self.drafter is not None:
-            self.drafter.propose(batch, hidden, attn, sample_idx, reqs)
+            self.drafter.propose(batch, target_out, attn, sample_idx, reqs)
             return None
         rows = batch.idx_mapping_cpu[reqs].tolist()
         if not rows:
