@@ -17,6 +17,7 @@ it (logits permitting). Rejected proposals' KV slots are overwritten by later st
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 
 import torch
 
@@ -135,38 +136,48 @@ def write_proposals(token_ids: torch.Tensor, rows: torch.Tensor, num_tokens: tor
     token_ids[rows[:, None].expand_as(pos), pos] = vals.to(token_ids.dtype)
 
 
-class SpecExtra:
+class _ChainedExtra(ABC):
+    """Host copies a step adds to AsyncOutput's copy-out (``tensors``), chained with the
+    step's other extras (``inner``): ``fill`` lets the inner one fill first, then ``_fill``."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], inner=None) -> None:
+        self.inner = inner
+        self.tensors = {**tensors, **(inner.tensors if inner is not None else {})}
+
+    def fill(self, out, host: dict[str, torch.Tensor]) -> None:
+        if self.inner is not None:
+            self.inner.fill(out, host)
+        self._fill(out, host)
+
+    @abstractmethod
+    def _fill(self, out, host: dict[str, torch.Tensor]) -> None:
+        """Put this extra's host copies into the step's ModelRunnerOutput."""
+
+
+class SpecExtra(_ChainedExtra):
     """The host copies a verification step adds (per request the sampled tokens of its
     positions and how many proposals it kept), chained with the step's logprobs."""
 
     def __init__(self, req_ids: list[str], counts: list[int], target: torch.Tensor, accepted: torch.Tensor,
                  inner=None) -> None:
-        self.req_ids, self.counts, self.inner = req_ids, counts, inner
-        self.tensors = {"spec.target": target, "spec.accepted": accepted}
-        if inner is not None:
-            self.tensors.update(inner.tensors)
+        super().__init__({"spec.target": target, "spec.accepted": accepted}, inner)
+        self.req_ids, self.counts = req_ids, counts
 
-    def fill(self, out, host: dict[str, torch.Tensor]) -> None:
-        if self.inner is not None:
-            self.inner.fill(out, host)
+    def _fill(self, out, host: dict[str, torch.Tensor]) -> None:
         target, accepted = host["spec.target"].tolist(), host["spec.accepted"].tolist()
         for i, k in enumerate(self.counts):
             if k:
                 out.spec_token_ids[self.req_ids[i]] = target[i][: accepted[i]]
 
 
-class ProposalExtra:
+class ProposalExtra(_ChainedExtra):
     """The host copy of which requests' proposer found something to propose (n-gram: a
     match), chained with the step's other extras: a request without one is not verified
     next step (as vLLM's n-gram proposer, which proposes nothing then)."""
 
     def __init__(self, req_ids: list[str], matched: torch.Tensor, inner=None) -> None:
-        self.req_ids, self.inner = req_ids, inner
-        self.tensors = {"spec.matched": matched}
-        if inner is not None:
-            self.tensors.update(inner.tensors)
+        super().__init__({"spec.matched": matched}, inner)
+        self.req_ids = req_ids
 
-    def fill(self, out, host: dict[str, torch.Tensor]) -> None:
-        if self.inner is not None:
-            self.inner.fill(out, host)
+    def _fill(self, out, host: dict[str, torch.Tensor]) -> None:
         out.spec_matched.update(zip(self.req_ids, host["spec.matched"].tolist()))
