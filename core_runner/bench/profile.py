@@ -12,7 +12,10 @@ import torch
 
 def profile_pass(eng, add_all, profile_steps: int) -> dict:
     """The workload again, outside the clock: ``profile_steps`` decode steps under the torch
-    profiler (GPU idle, top kernels), then as many under cProfile (host), then abort."""
+    profiler (GPU idle, top kernels), then as many under cProfile (host), then abort. The
+    prefix cache is emptied first, so the prefill steps profiled compute their prompts as the
+    timed pass did rather than hitting the blocks it left cached."""
+    eng.reset_prefix_cache()
     add_all("p")
     prof_at = 100 if len(eng.scheduler.requests) >= 64 else 10
     found: dict = {}
