@@ -42,4 +42,4 @@ class TritonPagedAttention(AttentionBackend):
         if not md.causal:
             raise NotImplementedError("MLA attention is implemented for causal attention only")
         return mla_attention_triton(q_c, q_pe, latent_cache, md.query_start_loc, md.seq_lens, md.block_tables,
-                                    scale, max_query_len=md.max_query_len)
+                                    scale, max_query_len=md.max_query_len, max_seq_len=md.max_seq_len)

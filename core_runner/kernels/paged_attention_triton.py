@@ -173,19 +173,23 @@ def _attn_kernel(
                  o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_reqs"])
 def _merge_splits_kernel(
-    out_ptr, m_ptr, l_ptr, acc_ptr, s_ot, s_oh,
+    out_ptr, m_ptr, l_ptr, acc_ptr, qsl_ptr, num_reqs, s_ot, s_oh,
     HEAD_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
     SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """out[tok, head] from the splits' (m, l, acc) rows of BLOCK_D floats (shared with
+    ``mla_attention``). Padding tokens past qsl[num_reqs] read no scratch, which a kernel
+    need not have written for them, and come out as zeros."""
     tok = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     sp = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, BLOCK_D)
-    sp_ok = sp < NUM_SPLITS
+    sp_ok = sp < tl.where(tok < tl.load(qsl_ptr + num_reqs), NUM_SPLITS, 0)
     base = (tok * NUM_HEADS + head) * NUM_SPLITS
-    m = tl.load(m_ptr + base + sp, mask=sp_ok, other=float("-inf"))
+    # _NEG_BIG, not -inf, for absent splits: when none is present the max stays finite
+    m = tl.load(m_ptr + base + sp, mask=sp_ok, other=_NEG_BIG)
     l = tl.load(l_ptr + base + sp, mask=sp_ok, other=0.0)
     acc = tl.load(acc_ptr + (base + sp)[:, None] * BLOCK_D + d[None, :], mask=sp_ok[:, None], other=0.0)
     w = tl.exp2(m - tl.max(m, 0))  # max is finite: every real split wrote >= _NEG_BIG
@@ -194,13 +198,14 @@ def _merge_splits_kernel(
     tl.store(out_ptr + tok * s_ot + head * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_SIZE)
 
 
-def _pick_num_splits(device: torch.device, num_reqs: int, kv_heads: int, max_seq_len: int) -> int:
+def _pick_num_splits(device: torch.device, num_reqs: int, progs_per_req: int, max_seq_len: int) -> int:
     """Split until there are ~4 programs per SM (a decode program alone cannot keep an
-    SM's memory pipe busy), each still covering >= 256 context tokens, at most 16."""
+    SM's memory pipe busy), each still covering >= 256 context tokens, at most 16.
+    progs_per_req: programs per request before splitting (kv heads, or MLA's head tiles)."""
     if device.type != "cuda":
         return 1
     num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    work = max(num_reqs * kv_heads, 1)
+    work = max(num_reqs * progs_per_req, 1)
     if work >= 4 * num_sms:
         return 1
     return max(min(triton.cdiv(4 * num_sms, work), max_seq_len // 256, 16), 1)
@@ -323,7 +328,7 @@ def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_heads)](
-            out, m_buf, l_buf, acc_buf, out.stride(0), out.stride(1),
+            out, m_buf, l_buf, acc_buf, query_start_loc, num_reqs, out.stride(0), out.stride(1),
             HEAD_SIZE=head_size, NUM_HEADS=num_heads, NUM_SPLITS=num_splits,
             SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4,
         )

@@ -1,4 +1,4 @@
-"""Compile the sampler's Triton kernels for an H100/H200 (sm90) on a machine without a GPU.
+"""Compile the sampler's (and MLA attention's) Triton kernels for an H100/H200 (sm90) on a machine without a GPU.
 
 The launchers run on small CPU tensors with ``JITFunction.run`` replaced: every launch is
 compiled for ``GPUTarget("cuda", 90, 32)`` from the arguments it was given (pointer and
@@ -128,12 +128,33 @@ def sampler_cases(n: int = 8, vocab: int = 5008) -> dict:
     }
 
 
+def attention_cases() -> dict:
+    """MLA decode at the DeepSeek-V2-Lite shape (16 heads, L 512, R 64, block 16, bf16),
+    launched with the GPU's pipeline depth (the CPU default is 1 stage)."""
+    from core_runner.kernels.mla_attention_triton import mla_attention_triton
+
+    reqs, heads, lora, rope, bs = 8, 16, 512, 64, 16
+    q_c = torch.randn(reqs, heads, lora).bfloat16()
+    q_pe = torch.randn(reqs, heads, rope).bfloat16()
+    cache = torch.randn(1, 64, bs, 1, lora + rope).bfloat16()
+    qsl = torch.arange(reqs + 1, dtype=torch.int32)
+    lens = torch.full((reqs,), 100, dtype=torch.int32)
+    bt = torch.arange(reqs * 8, dtype=torch.int32).view(reqs, 8)
+    args = (q_c, q_pe, cache, qsl, lens, bt, 0.07)
+    gpu = {"num_stages": 2}
+    return {
+        "mla": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=1, config=gpu),
+        "mla_split": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=4,
+                                                  config=gpu),
+    }
+
+
 def main(names: list[str]) -> int:
     global USAGE
     if "--usage" in names:
         USAGE = True
         names = [n for n in names if n != "--usage"]
-    cases = sampler_cases()
+    cases = sampler_cases() | attention_cases()
     failed = 0
     for name in names or list(cases):
         t = time.perf_counter()

@@ -47,6 +47,48 @@ def test_mla_triton_matches_ref(device, case):
     assert (out[int(qsl[-1]):] == 0).all()  # padding tokens
 
 
+SPLIT_CASES = [
+    # decode, a request with no context, 16 heads (one head tile)
+    ([1, 1, 1, 1], [70, 1, 0, 33], 16, 32, 8, 4),
+    # mixed: binary-searched programs, prefill rows whose keys all lie in later splits
+    ([1, 6, 19], [9, 6, 40], 4, 32, 8, 4),
+]
+
+
+@pytest.mark.parametrize("num_splits", [2, 3, 5])
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=["decode", "mixed"])
+def test_mla_split_kv_matches_ref(device, case, num_splits):
+    """5 splits of <= 70 tokens in 32-token tiles leave some splits empty; the merge
+    still writes zeros for the padding tokens past qsl[-1]."""
+    q_lens, ctx_lens, heads, lora, rope, bs = case
+    g = torch.Generator().manual_seed(num_splits)
+    q_c, q_pe, cache, qsl, seq_lens, bt = _batch(q_lens, ctx_lens, heads, lora, rope, bs, g, extra_tokens=3)
+    ref = mla_attention_ref(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2)
+    dev = [x.to(device) for x in (q_c, q_pe, cache, qsl, seq_lens, bt)]
+    out = mla_attention_triton(*dev, 0.2, max_query_len=max(q_lens), max_seq_len=max(ctx_lens),
+                               num_splits=num_splits)
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-5)
+    assert (out[int(qsl[-1]):] == 0).all()
+
+
+def test_mla_split_heuristic_and_config_on_cpu(monkeypatch):
+    """On the CPU a decode batch is not split (the merge never launches), and ``config``
+    changes the tiles, not the result."""
+    import core_runner.kernels.mla_attention_triton as mod
+
+    g = torch.Generator().manual_seed(7)
+    q_c, q_pe, cache, qsl, seq_lens, bt = _batch([1, 1], [40, 9], 4, 32, 8, 4, g, extra_tokens=1)
+    ref = mla_attention_ref(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2)
+    monkeypatch.setattr(mod, "_merge_splits_kernel", None)  # launching it would raise
+    out = mla_attention_triton(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2, max_query_len=1, max_seq_len=4096)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    out = mla_attention_triton(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2, max_query_len=1,
+                               config={"BLOCK_N": 16, "num_warps": 2})
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="BLOCK_M"):
+        mla_attention_triton(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2, config={"BLOCK_M": 16})
+
+
 def test_absorbed_ref_equals_naive_mla():
     """softmax(q_nope.W_UK c + q_pe.k_pe) W_UV c == attention with expanded K and V."""
     g = torch.Generator().manual_seed(0)
@@ -83,3 +125,33 @@ def test_mla_triton_bf16_gpu_lite_shape():
                             dev[5], 0.07)
     out = mla_attention_triton(*dev, 0.07, max_query_len=33)
     torch.testing.assert_close(out.float(), ref.float(), rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("num_splits,max_seq_len", [(None, 4096), (3, 1024)])
+def test_mla_split_bf16_gpu_cuda_graph(num_splits, max_seq_len):
+    """V2-Lite shape, decode with split-KV (None: the heuristic gives 8 requests 16 splits
+    on an H200, most empty under a 4096 bound), captured once with host bounds and
+    replayed after the device metadata changed: the replay equals an eager call on the
+    new metadata, and the reference."""
+    g = torch.Generator().manual_seed(2)
+    q_c, q_pe, cache, qsl, seq_lens, bt = _batch([1] * 8, [900, 5, 1000, 300, 1, 64, 777, 512], 16, 512, 64, 16,
+                                                 g, extra_tokens=3)
+    dev = [x.cuda().bfloat16() if x.is_floating_point() else x.cuda() for x in (q_c, q_pe, cache, qsl, seq_lens, bt)]
+    qc, qpe, lc, qsl_d, lens, bt_d = dev
+    args = dict(max_query_len=1, max_seq_len=max_seq_len, num_splits=num_splits)
+    mla_attention_triton(*dev, 0.07, **args)  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = mla_attention_triton(*dev, 0.07, **args)
+    new_lens = torch.tensor([17, 896, 1000, 0, 2, 300, 640, 129], dtype=torch.int32)  # within the tables
+    lens.copy_(new_lens)
+    qc.copy_(torch.randn_like(qc))
+    graph.replay()
+    eager = mla_attention_triton(*dev, 0.07, **args)
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    ref = mla_attention_ref(qc.float(), qpe.float(), lc.float(), qsl, new_lens, bt_d, 0.07)
+    torch.testing.assert_close(out.float(), ref, rtol=3e-2, atol=3e-2)
+    assert (out[8:] == 0).all()

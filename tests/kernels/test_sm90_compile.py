@@ -1,6 +1,7 @@
-"""The sampler's kernels compile for sm90 (H100/H200) on a machine without a GPU: a
-kernel the GPU compiler rejects fails here, not in a device call. The interpreter never
-compiles, so this runs ``sm90_compile.py`` in a process without TRITON_INTERPRET."""
+"""The sampler's kernels and split MLA attention compile for sm90 (H100/H200) on a
+machine without a GPU: a kernel the GPU compiler rejects fails here, not in a device
+call. The interpreter never compiles, so this runs ``sm90_compile.py`` in a process
+without TRITON_INTERPRET."""
 from __future__ import annotations
 
 import os
@@ -8,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = ["gumbel", "cut_block128_cap128", "cut_bf16"]
+CASES = ["gumbel", "cut_block128_cap128", "cut_bf16", "mla_split"]
 
 
 def test_sampler_kernels_compile_for_sm90():
