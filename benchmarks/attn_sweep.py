@@ -1,9 +1,12 @@
 """Paged attention at the shapes of the Qwen3-0.6B benchmark steps, over launch choices.
 
 Each shape is one layer's attention call (16 q / 8 kv heads, head 128, block 16, bf16)
-as a W1 / W2 step issues it; every variant is timed with CUDA events over back-to-back
-calls and checked against the default variant's output (a fast wrong variant is marked,
-never chosen). Decode shapes report KV bandwidth, prefill shapes TFLOP/s.
+as a W1 / W2 step issues it; every variant is timed with CUDA events and checked against
+the default variant's output (a fast wrong variant is marked, never chosen). Decode
+shapes are timed as the engine runs them, replayed from a CUDA graph (eager, a short call
+measures the host's launch cost: ~40 us a Triton launch), with the bounds a decode graph
+bakes in (max_seq_len = 2048, the bench's max_model_len); prefill shapes eagerly, back to
+back. Decode shapes report KV bandwidth, prefill shapes TFLOP/s.
 
     python3 benchmarks/attn_sweep.py [--json PATH] [--shapes decode_w1 ...]
 """
@@ -55,7 +58,6 @@ def _variants(name: str) -> list[dict]:
             out.append({"config": {"BLOCK_N": bn, "num_stages": st, "num_warps": w}})
         out += [{"num_splits": s} for s in (1, 2, 4)]
     else:
-        out.append({"split_roles": False})
         for bm, bn, w, st in ((64, 128, 4, 2), (64, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 2),
                               (128, 32, 8, 2), (128, 64, 4, 2), (128, 64, 8, 3)):
             out.append({"config": {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}})
@@ -79,23 +81,36 @@ def _batch(reqs: list[tuple[int, int]], g: torch.Generator):
     return [t.cuda() for t in (q, kv, qsl, lens, bt)]
 
 
-def _time(fn, iters: int = 30) -> float:
+def _time(fn, iters: int = 30, graph: bool = False) -> float:
+    """Microseconds per call: ``iters`` calls back to back, or captured in one CUDA graph
+    and replayed (``graph``), after a warm-up."""
     for _ in range(3):
         fn()
+    torch.cuda.synchronize()
+    run = fn
+    calls = iters
+    if graph:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+        g.replay()
+        run, calls = g.replay, 1
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
-    for _ in range(iters):
-        fn()
+    for _ in range(calls):
+        run()
     end.record()
     torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3  # us
+    return start.elapsed_time(end) / iters * 1e3
 
 
 def sweep(name: str, seed: int = 0) -> dict:
     reqs = _shape(name, random.Random(seed))
     q, kv, qsl, lens, bt = _batch(reqs, torch.Generator().manual_seed(seed))
-    bounds = dict(max_query_len=max(x for x, _ in reqs), max_seq_len=max(s for _, s in reqs))
+    decode = name.startswith("decode")
+    bounds = dict(max_query_len=max(x for x, _ in reqs), max_seq_len=2048 if decode else max(s for _, s in reqs))
     kv_bytes = sum(s for _, s in reqs) * KV_HEADS * D * 2 * 2
     flops = sum(4 * x * (s - x + (x + 1) / 2) * D * HEADS for x, s in reqs)  # causal
     ref = None
@@ -111,7 +126,7 @@ def sweep(name: str, seed: int = 0) -> dict:
         if ref is None:
             ref = out.float()
         ok = bool(torch.allclose(out.float(), ref, atol=3e-2, rtol=3e-2))
-        us = _time(fn)
+        us = _time(fn, graph=decode)
         rows.append({"variant": v, "us": us, "ok": ok, "kv_gb_s": kv_bytes / us / 1e3,
                      "tflop_s": flops / us / 1e6})
     good = [r for r in rows if r.get("ok")]

@@ -81,7 +81,6 @@ def _attn_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_SIZE: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, CAUSAL: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, UNMASKED_LOOP: tl.constexpr,
-    ROLE: tl.constexpr, SHORT_Q: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     # Reversed so the heaviest work starts first: prefills sit after the decode rows
@@ -101,13 +100,6 @@ def _attn_kernel(
         q_end = req + num_tokens
         seq_len = req
     n_tok = tl.minimum(q_end - tok0, BLOCK_Q)
-    if ROLE != 0:  # a role launch leaves the other role's requests alone (no load, no store)
-        if pid < num_main:
-            q_len = q_end - tl.load(qsl_ptr + req)
-            if ROLE == 1:
-                n_tok = tl.where(q_len <= SHORT_Q, n_tok, 0)
-            else:
-                n_tok = tl.where(q_len > SHORT_Q, n_tok, 0)
     pos0 = seq_len - (q_end - tok0)  # absolute position of token tok0
 
     if CAUSAL:
@@ -238,7 +230,6 @@ def paged_attention_triton(
     max_query_len: int | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
-    split_roles: bool | None = None,
     config: dict | None = None,
 ) -> torch.Tensor:
     """q: [num_tokens, heads, D]; kv_cache: [1 or 2, num_blocks, block_size, kv_heads, D];
@@ -246,11 +237,8 @@ def paged_attention_triton(
     max_query_len / max_seq_len are host-side upper bounds; only when they are None
     (and needed) is the device read, so pass them under CUDA graphs. num_splits > 1
     forces the split-KV path; None lets a heuristic choose (split only for decode).
-    split_roles: a batch with prefills runs as two launches, one with decode tiles for the
-    requests of at most one decode tile's tokens and one with prefill tiles for the rest
-    (None: on CUDA whenever a batch has more than decode rows and no splits). ``config``
-    overrides the launch parameters (BLOCK_M, BLOCK_N, num_warps, num_stages,
-    UNMASKED_LOOP) of the prefill-tile launch: a measurement hook."""
+    ``config`` overrides the launch parameters (BLOCK_M, BLOCK_N, num_warps, num_stages,
+    UNMASKED_LOOP): a measurement hook (benchmarks/attn_sweep.py)."""
     num_tokens, num_heads, head_size = q.shape
     _, _, block_size, kv_heads, cache_d = kv_cache.shape
     if cache_d != head_size or num_heads % kv_heads != 0:
@@ -278,24 +266,14 @@ def paged_attention_triton(
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
             num_splits = _pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
-    if split_roles is None:
-        split_roles = q.device.type == "cuda"
-    args = (q, kv_cache, query_start_loc, seq_lens, block_tables, out, scale * _LOG2E, causal)
-    if split_roles and not one_block and num_splits == 1:
-        short = _launch_config(1, group_pad, block_d, kv_cache.element_size(), q.device)
-        short_q = short["BLOCK_M"] // group_pad
-        _launch(*args, short, num_splits=1, one_block=True, role=1, short_q=short_q)
-        _launch(*args, cfg, num_splits=1, one_block=False, role=2, short_q=short_q)
-    else:
-        _launch(*args, cfg, num_splits=num_splits, one_block=one_block, role=0, short_q=0)
+    _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, scale * _LOG2E, causal, cfg,
+            num_splits, one_block)
     return out
 
 
 def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale, causal, cfg,
-            num_splits: int, one_block: bool, role: int, short_q: int) -> None:
-    """One launch of the attention kernel (plus the split merge). role 0 serves every
-    request; role 1 only those with at most short_q query tokens (one program each, no
-    padding programs); role 2 the others and the padding tokens."""
+             num_splits: int, one_block: bool) -> None:
+    """The attention kernel's launch (plus the split merge)."""
     num_tokens, num_heads, head_size = q.shape
     kv_heads = kv_cache.shape[3]
     num_reqs = seq_lens.shape[0]
@@ -304,9 +282,8 @@ def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale,
     block_d = max(triton.next_power_of_2(head_size), 16)
     block_q = cfg["BLOCK_M"] // group_pad
     num_main = num_reqs if one_block else num_tokens // block_q + num_reqs
-    num_pad = 0 if role == 1 else triton.cdiv(num_tokens, block_q)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # no TF32 rounding of fp32
-    grid = (num_main + num_pad, kv_heads, num_splits)
+    grid = (num_main + triton.cdiv(num_tokens, block_q), kv_heads, num_splits)
     if num_splits > 1:
         parts = num_tokens * num_heads * num_splits
         m_buf = torch.empty(parts, dtype=torch.float32, device=q.device)
@@ -323,7 +300,7 @@ def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale,
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=group_pad,
         BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
         HEAD_SIZE=head_size, ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
-        DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"], ROLE=role, SHORT_Q=short_q,
+        DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:

@@ -43,15 +43,14 @@ def make_batch(device, reqs, num_heads, kv_heads, head_size, block_size, dtype=t
 
 
 def check(device, reqs, num_heads, kv_heads, head_size, block_size, causal=True, num_splits=None,
-          dtype=torch.float32, atol=1e-4, extra_tokens=1, pass_bounds=True, seed=0, split_roles=None):
+          dtype=torch.float32, atol=1e-4, extra_tokens=1, pass_bounds=True, seed=0):
     q, kv, qsl, lens, bt, qsl_cpu, lens_cpu = make_batch(
         device, reqs, num_heads, kv_heads, head_size, block_size, dtype, extra_tokens, seed)
     scale = head_size ** -0.5
     bounds = {}
     if pass_bounds:
         bounds = dict(max_query_len=max(q for q, _ in reqs), max_seq_len=max(s for _, s in reqs))
-    out = paged_attention_triton(q, kv, qsl, lens, bt, scale, causal=causal, num_splits=num_splits,
-                                 split_roles=split_roles, **bounds)
+    out = paged_attention_triton(q, kv, qsl, lens, bt, scale, causal=causal, num_splits=num_splits, **bounds)
     ref = paged_attention_ref(q, kv, qsl_cpu, lens_cpu, bt, scale, causal)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert not torch.isnan(out).any()
@@ -109,19 +108,6 @@ def test_split_kv(device, num_splits, num_heads, kv_heads):
 def test_split_kv_mixed_and_non_causal(device):
     check(device, MIXED, 4, 2, 64, 3, num_splits=3)
     check(device, [(4, 4), (1, 90)], 4, 2, 64, 16, causal=False, num_splits=2)
-
-
-@pytest.mark.parametrize("causal", [True, False])
-@pytest.mark.parametrize("num_heads,kv_heads", [(2, 2), (4, 2), (8, 2)], ids=["mha", "gqa2", "gqa4"])
-def test_split_roles(device, num_heads, kv_heads, causal):
-    """Decode-tile launch for short requests, prefill-tile launch for the rest: requests at
-    and one past the short bound (16 / 8 / 4 query tokens for these groups), a long
-    prefill, an empty and a zero-context request, padding tokens."""
-    short_q = 16 // (num_heads // kv_heads)
-    reqs = [(1, 12), (short_q, 20), (short_q + 1, 30), (70, 75), (0, 0), (1, 0), (2, 9), (1, 140)]
-    out, qsl, _ = check(device, reqs, num_heads, kv_heads, 64, 16, causal=causal, split_roles=True,
-                        extra_tokens=3)
-    assert torch.all(out[int(qsl[5]):int(qsl[6])] == 0) and torch.all(out[int(qsl[-1]):] == 0)
 
 
 def test_strided_query(device):
@@ -186,14 +172,13 @@ def test_gpu_mixed_bf16(num_heads, kv_heads, head_size, causal):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("split_roles", [False, True])
-def test_gpu_mixed_graph_replay(split_roles):
+def test_gpu_mixed_graph_replay():
     """A mixed batch captured with host bounds, replayed after the per-request query
-    lengths moved (a decode row became a chunk, a chunk became decodes): the role of each
-    request is read on the device, so both launches follow the new split."""
+    lengths moved (a decode row became a chunk, a chunk became decodes): each program's
+    request is found on the device, so the replay follows the new lengths."""
     reqs = [(1, 300), (40, 100), (1, 1000), (20, 20), (1, 7)]
     q, kv, qsl, lens, bt, qsl_cpu, _ = make_batch("cuda", reqs, 16, 8, 128, 16, torch.bfloat16)
-    args = dict(causal=True, max_query_len=63, max_seq_len=1000, split_roles=split_roles)
+    args = dict(causal=True, max_query_len=63, max_seq_len=1000)
     paged_attention_triton(q, kv, qsl, lens, bt, 0.088, **args)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
