@@ -94,7 +94,8 @@ def _moe_gemm_kernel(
 GEMM_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 
 
-def _gemm_config(num_pairs: int, device: torch.device, block_m: int | None, config: dict | None) -> dict:
+def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None, config: dict | None = None) -> dict:
+    """The tile settings a ``fused_moe_triton`` call with these arguments launches with."""
     # Small batches (decode) waste less padding with 16-row tiles.
     cfg = {"BLOCK_M": 16 if num_pairs <= 64 * 16 else 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4,
            "num_stages": 3 if device.type == "cuda" else 1}
@@ -145,7 +146,7 @@ def fused_moe_triton(
     if num_tokens == 0:
         return hidden.new_zeros(0, hidden_size)
     num_pairs = num_tokens * top_k
-    cfg = _gemm_config(num_pairs, hidden.device, block_m, config)
+    cfg = gemm_config(num_pairs, hidden.device, block_m, config)
     sorted_pairs, block_expert = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)
