@@ -9,6 +9,8 @@
 #   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
 #   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
+#   moe-sweep fused MoE tile sweep, DeepSeek-V2-Lite layer (T 256 / 1024 / 8192), then V3's
+#             (MOE_SHAPES (env): which of v2-lite v3)                     -> moe_sweep_<shape>.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
@@ -81,13 +83,13 @@ for s in "${STAGES[@]}"; do
     deepseek)
       say deepseek
       FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 --peer-timeout ${PEER_TIMEOUT:-150})  # the HF MoE loop makes a W2 peer run far too long
-      [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
-      timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W1 W2 "${N[@]}" "${FP[@]}" \
+      [ -f $CKPT/deepseek-yarn/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek-yarn 2>&1 | tail -2
+      timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek-yarn --workload W1 W2 "${N[@]}" "${FP[@]}" \
         --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
     deepseek-w2peer)
       say deepseek W2 prefix next to the transformers peer
-      [ -f $CKPT/deepseek/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek 2>&1 | tail -2
-      timeout 400 python3 -m core_runner.cli bench --model $CKPT/deepseek --workload W2 --num-requests ${W2_PEER_N:-4} \
+      [ -f $CKPT/deepseek-yarn/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek-yarn 2>&1 | tail -2
+      timeout 400 python3 -m core_runner.cli bench --model $CKPT/deepseek-yarn --workload W2 --num-requests ${W2_PEER_N:-4} \
         --peer W2 --peer-timeout ${PEER_TIMEOUT:-200} --json "$LOG/deepseek_w2peer.json" 2>&1 | tee -a "$LOG/bench.log" \
         | grep -v Warning | tail -20;;
     w3)
@@ -154,6 +156,12 @@ for s in "${STAGES[@]}"; do
       say embed
       timeout 200 python3 -m core_runner.cli bench --embed --model .minilm16 --json "$LOG/embed.json" \
         2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -15;;
+    moe-sweep)
+      for shape in ${MOE_SHAPES:-v2-lite v3}; do
+        say moe sweep $shape
+        timeout 400 python3 benchmarks/moe_sweep.py --shape $shape --json "$LOG/moe_sweep_$shape.json" 2>&1 \
+          | tee -a "$LOG/bench.log" | grep -v Warning | grep -e '^T=' -e default -e took | tail -12
+      done;;
     conformance)
       say conformance GPU checks
       for ep in qwen3 granite_hybrid deepseek llama_template pooling; do

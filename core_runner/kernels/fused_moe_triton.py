@@ -91,12 +91,23 @@ def _moe_gemm_kernel(
     tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _gemm_config(num_pairs: int, device: torch.device) -> dict:
+GEMM_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
+
+
+def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None, config: dict | None = None) -> dict:
+    """The tile settings a ``fused_moe_triton`` call with these arguments launches with."""
     # Small batches (decode) waste less padding with 16-row tiles.
-    block_m = 16 if num_pairs <= 64 * 16 else 64
-    cfg = {"BLOCK_M": block_m, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3}
-    if device.type != "cuda":
-        cfg["num_stages"] = 1
+    cfg = {"BLOCK_M": 16 if num_pairs <= 64 * 16 else 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4,
+           "num_stages": 3 if device.type == "cuda" else 1}
+    if config:
+        unknown = sorted(set(config) - set(GEMM_CONFIG_KEYS))
+        if unknown:
+            raise ValueError(f"config keys {unknown} are unknown: expected some of {GEMM_CONFIG_KEYS}")
+        if block_m is not None and config.get("BLOCK_M", block_m) != block_m:
+            raise ValueError(f"block_m={block_m} and config BLOCK_M={config['BLOCK_M']} disagree: give one")
+        cfg.update(config)
+    if block_m is not None:
+        cfg["BLOCK_M"] = block_m
     return cfg
 
 
@@ -117,12 +128,16 @@ def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, 
 def fused_moe_triton(
     hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     topk_ids: torch.Tensor, block_m: int | None = None, skip_invalid_ids: bool = False,
+    config: dict | None = None,
 ) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, top_k]. Returns sum_k w_k * expert_k(hidden) as [T, H].
     ``skip_invalid_ids``: ids outside [0, E) may occur (expert parallelism marks other
     ranks' experts -1) and contribute nothing; their rows start at zero, which costs a
-    fill that a layer whose ids are all valid does not pay."""
+    fill that a layer whose ids are all valid does not pay. ``config`` replaces any of the
+    default tile settings ``GEMM_CONFIG_KEYS`` (tile sweeps: benchmarks/moe_sweep.py);
+    ``block_m`` is the same as ``config={"BLOCK_M": block_m}``. BLOCK_* must be powers of
+    two, at least 16."""
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -131,9 +146,7 @@ def fused_moe_triton(
     if num_tokens == 0:
         return hidden.new_zeros(0, hidden_size)
     num_pairs = num_tokens * top_k
-    cfg = _gemm_config(num_pairs, hidden.device)
-    if block_m is not None:
-        cfg["BLOCK_M"] = block_m
+    cfg = gemm_config(num_pairs, hidden.device, block_m, config)
     sorted_pairs, block_expert = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)

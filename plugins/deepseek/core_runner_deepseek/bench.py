@@ -3,31 +3,34 @@
     python -m core_runner_deepseek.bench /tmp/v2lite          # bf16, on CUDA when present
     core-runner bench --model /tmp/v2lite --peer W1 W2        # (see benchmarks/gpu_check.sh)
 
-The shape is DeepSeek-V2-Lite's (15.7B parameters, 2.4B active: 27 layers, hidden 2048,
-16 heads, kv_lora_rank 512, rope 64, no q_lora, 64 routed experts of 1408 + 2 shared,
-top-6 greedy routing, first layer dense). The real checkpoint uses YaRN rope scaling; the
-random one keeps default RoPE (same cost: both are one precomputed cos/sin table).
+The config is DeepSeek-V2-Lite's published one (``examples.DEEPSEEK_V2_LITE_PUBLISHED``):
+15.7B parameters, 2.4B active: 27 layers, hidden 2048, 16 heads, kv_lora_rank 512, rope 64,
+no q_lora, 64 routed experts of 1408 + 2 shared, top-6 greedy routing, first layer dense,
+YaRN RoPE (factor 40 over 4,096 original positions, mscale 0.707) and 163,840 positions.
+Only the weights are random. The engine's max_model_len does not follow the 163,840: it
+defaults to min(2048, positions), which W1-W3 fit (``--max-model-len`` sets another); the
+one cos/sin table, shared by the layers, is 163,840 x 64 fp32 (42 MB).
 """
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
 import torch
 
+from core_runner_deepseek.examples import DEEPSEEK_V2_LITE_PUBLISHED
+
 
 def v2_lite_config(**overrides):
+    """DeepSeek-V2-Lite's published config as a transformers ``DeepseekV2Config``, with
+    ``overrides`` (e.g. smaller sizes for a test) replacing fields. No BOS / EOS / pad id:
+    random weights have no end token, and a peer's ``generate`` must not stop on one."""
     from transformers import DeepseekV2Config
 
-    cfg = dict(
-        vocab_size=102400, hidden_size=2048, intermediate_size=10944, moe_intermediate_size=1408,
-        num_hidden_layers=27, num_attention_heads=16, num_key_value_heads=16, kv_lora_rank=512,
-        q_lora_rank=None, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64,
-        n_shared_experts=2, num_experts_per_tok=6, first_k_dense_replace=1, topk_method="greedy",
-        n_group=1, topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=False, max_position_embeddings=8192,
-        rms_norm_eps=1e-6, rope_theta=10000.0, initializer_range=0.02, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )
+    # a deep copy: the config class writes rope_type / rope_theta into the rope dict it gets
+    cfg = copy.deepcopy(DEEPSEEK_V2_LITE_PUBLISHED)
+    cfg.update(initializer_range=0.02, bos_token_id=None, eos_token_id=None, pad_token_id=None)
     cfg.update(overrides)
     return DeepseekV2Config(**cfg)
 
