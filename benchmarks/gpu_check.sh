@@ -20,7 +20,6 @@
 #             (installs fastapi/uvicorn from a carried .wheels/ when the image lacks them:
 #             pip download --dest .wheels --only-binary=:all: --python-version 3.12 fastapi uvicorn prometheus_client)
 #   attn      paged attention launch choices at W1 / W2 step shapes (ATTN_SHAPES narrows) -> attn.json
-#   moe       fused MoE tiles at the DeepSeek-V2-Lite layer shape                   -> moe.json
 #   spec      speculative decoding on W2R (W2 with repeated prompts): TPOT, tok/s, acceptance, off vs
 #             n-gram k=3 on the Qwen3-0.6B shape at T 0.6 -> spec.json and greedy -> spec_greedy.json;
 #             off vs MTP k=1 on the deepseek-v3-mtp shape (random weights, first SPEC_MTP_N (128)
@@ -144,10 +143,6 @@ for s in "${STAGES[@]}"; do
       say attention launch sweep at the W1 / W2 step shapes
       timeout 420 python3 benchmarks/attn_sweep.py --json "$LOG/attn.json" ${ATTN_SHAPES:+--shapes $ATTN_SHAPES} 2>&1 \
         | grep -v Warning | tail -12 | tee -a "$LOG/bench.log";;
-    moe)
-      say fused MoE tile sweep, DeepSeek-V2-Lite layer shape
-      timeout 300 python3 benchmarks/moe_sweep.py --json "$LOG/moe.json" 2>&1 | grep -v Warning | tail -12 \
-        | tee -a "$LOG/bench.log";;
     embedprof)
       say embed host profile
       timeout 120 python3 -m cProfile -s tottime -m core_runner.cli bench --embed --model .minilm16 --num-requests 2048 \
