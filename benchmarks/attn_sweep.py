@@ -13,7 +13,6 @@ back. Decode shapes report KV bandwidth, prefill shapes TFLOP/s.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import random
 
