@@ -125,7 +125,8 @@ def sweep_tokens(shape: MoeShape, w13: torch.Tensor, w2: torch.Tensor, num_token
     hidden, weights, ids = make_batch(shape, num_tokens, str(w13.device), w13.dtype)
     cuda = w13.is_cuda
     tol = TOLERANCE[w13.dtype]
-    default = gemm_config(num_tokens * shape.top_k, w13.device)
+    default = gemm_config(num_tokens * shape.top_k, w13.device, num_experts=shape.experts,
+                          elem_bytes=w13.element_size())
     ref = moe(hidden, w13, w2, weights, ids)
     n = min(num_tokens, REF_ROWS)
     ref_err = _rel_err(ref[:n], fused_moe_ref(hidden[:n], w13, w2, weights[:n], ids[:n]))

@@ -94,11 +94,26 @@ def _moe_gemm_kernel(
 GEMM_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
 
 
-def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None, config: dict | None = None) -> dict:
-    """The tile settings a ``fused_moe_triton`` call with these arguments launches with."""
-    # Small batches (decode) waste less padding with 16-row tiles.
-    cfg = {"BLOCK_M": 16 if num_pairs <= 64 * 16 else 64, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4,
-           "num_stages": 3 if device.type == "cuda" else 1}
+def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None, config: dict | None = None, *,
+                num_experts: int, elem_bytes: int = 2) -> dict:
+    """The tile settings a ``fused_moe_triton`` call with these arguments launches with.
+
+    Chosen by the rows an expert gets on average (measured on the H200 at the DeepSeek-
+    V2-Lite layer, 64 experts x 1408, bf16, ``benchmarks/moe_sweep.py``, RESULTS.md session
+    15): few rows waste less padding in narrow tiles; many rows reuse each weight tile over
+    more rows (256 tokens: M32 N64 K32 0.70 ms vs 0.90 for M64; 1024: M64 N64 K64 0.73 vs
+    1.28; 8192: M128 N128 K64 8 warps 2.64 vs 5.04). 4-byte inputs keep the 64-row tile
+    (the 128 x 128 one would not fit shared memory in three stages)."""
+    rows = num_pairs / max(num_experts, 1)
+    if num_pairs <= 64 * 16 or rows <= 16:
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4}
+    elif rows <= 48:
+        cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4}
+    elif rows <= 256 or elem_bytes > 2:
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4}
+    else:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8}
+    cfg["num_stages"] = 3 if device.type == "cuda" else 1
     if config:
         unknown = sorted(set(config) - set(GEMM_CONFIG_KEYS))
         if unknown:
@@ -146,7 +161,8 @@ def fused_moe_triton(
     if num_tokens == 0:
         return hidden.new_zeros(0, hidden_size)
     num_pairs = num_tokens * top_k
-    cfg = gemm_config(num_pairs, hidden.device, block_m, config)
+    cfg = gemm_config(num_pairs, hidden.device, block_m, config, num_experts=num_experts,
+                      elem_bytes=hidden.element_size())
     sorted_pairs, block_expert = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)

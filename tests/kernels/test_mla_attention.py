@@ -71,9 +71,9 @@ def test_mla_split_kv_matches_ref(device, case, num_splits):
     assert (out[int(qsl[-1]):] == 0).all()
 
 
-def test_mla_split_heuristic_and_config_on_cpu(monkeypatch):
-    """On the CPU a decode batch is not split (the merge never launches), and ``config``
-    changes the tiles, not the result."""
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path: with CUDA, compiled kernels take CUDA tensors")
+def test_mla_no_split_on_cpu(monkeypatch):
+    """On the CPU a decode batch is not split: the merge never launches."""
     import core_runner.kernels.mla_attention_triton as mod
 
     g = torch.Generator().manual_seed(7)
@@ -82,11 +82,17 @@ def test_mla_split_heuristic_and_config_on_cpu(monkeypatch):
     monkeypatch.setattr(mod, "_merge_splits_kernel", None)  # launching it would raise
     out = mla_attention_triton(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2, max_query_len=1, max_seq_len=4096)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
-    out = mla_attention_triton(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2, max_query_len=1,
-                               config={"BLOCK_N": 16, "num_warps": 2})
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_mla_config_changes_tiles_not_result(device):
+    g = torch.Generator().manual_seed(7)
+    batch = _batch([1, 1], [40, 9], 4, 32, 8, 4, g, extra_tokens=1)
+    ref = mla_attention_ref(*batch, 0.2)
+    dev = [x.to(device) for x in batch]
+    out = mla_attention_triton(*dev, 0.2, max_query_len=1, config={"BLOCK_N": 16, "num_warps": 2})
+    torch.testing.assert_close(out.cpu(), ref, rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="BLOCK_M"):
-        mla_attention_triton(q_c, q_pe, cache, qsl, seq_lens, bt, 0.2, config={"BLOCK_M": 16})
+        mla_attention_triton(*dev, 0.2, config={"BLOCK_M": 16})
 
 
 def test_absorbed_ref_equals_naive_mla():
