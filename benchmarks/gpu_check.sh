@@ -6,7 +6,8 @@
 #   sampler   core-runner bench --sampler                               -> sampler.json
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
-#   deepseek  DeepSeek-V2-Lite shape, W1 W2 (+ peer with --family-peer) -> deepseek.json
+#   deepseek  DeepSeek-V2-Lite (published config, random bf16), W1 W2 (+ peer with --family-peer) -> deepseek.json
+#             (DS_WORKLOADS narrows, DS_PROFILE=N adds --profile-steps N)
 #   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   moe-sweep fused MoE tile sweep, DeepSeek-V2-Lite layer (T 256 / 1024 / 8192), then V3's
@@ -83,7 +84,8 @@ for s in "${STAGES[@]}"; do
       say deepseek
       FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 --peer-timeout ${PEER_TIMEOUT:-150})  # the HF MoE loop makes a W2 peer run far too long
       [ -f $CKPT/deepseek-yarn/config.json ] || timeout 180 python3 -m core_runner_deepseek.bench $CKPT/deepseek-yarn 2>&1 | tail -2
-      timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek-yarn --workload W1 W2 "${N[@]}" "${FP[@]}" \
+      timeout 480 python3 -m core_runner.cli bench --model $CKPT/deepseek-yarn --workload ${DS_WORKLOADS:-W1 W2} "${N[@]}" "${FP[@]}" \
+        ${DS_PROFILE:+--profile-steps $DS_PROFILE} \
         --json "$LOG/deepseek.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
     deepseek-w2peer)
       say deepseek W2 prefix next to the transformers peer

@@ -96,9 +96,28 @@ def make_batch(shape: MoeShape, num_tokens: int, device: str, dtype: torch.dtype
     return hidden, weights, ids.to(torch.int32)
 
 
-def time_ms(fn: Callable[[], object], warmup: int, iters: int, cuda: bool) -> float:
+GRAPH_MAX_TOKENS = 1024  # the engine's largest decode graph: smaller calls are timed from a graph
+
+
+def time_ms(fn: Callable[[], object], warmup: int, iters: int, cuda: bool, graph: bool = False) -> float:
+    """ms per call; ``graph``: the calls captured in one CUDA graph and replayed, as the
+    engine runs decode steps (eager, a decode-sized call also times the host's launches)."""
     for _ in range(warmup):  # the first call compiles
         fn()
+    if cuda and graph:
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(iters):
+                fn()
+        g.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / iters
     if not cuda:
         t = time.perf_counter()
         for _ in range(iters):
@@ -141,7 +160,7 @@ def sweep_tokens(shape: MoeShape, w13: torch.Tensor, w2: torch.Tensor, num_token
                 (lambda: moe(hidden, w13, w2, weights, ids))
             rec["max_err"] = _rel_err(call(), ref)
             rec["ok"] = bool(rec["max_err"] <= tol)  # NaN is not ok
-            rec["ms"] = time_ms(call, warmup, iters, cuda)
+            rec["ms"] = time_ms(call, warmup, iters, cuda, graph=num_tokens <= GRAPH_MAX_TOKENS)
         except Exception as exc:  # a config that does not compile or launch (shared memory, registers)
             rec.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
         runs.append(rec)
