@@ -98,22 +98,26 @@ def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None
                 num_experts: int, elem_bytes: int = 2) -> dict:
     """The tile settings a ``fused_moe_triton`` call with these arguments launches with.
 
-    Chosen by the rows an expert gets on average (measured on the H200 at the DeepSeek-
-    V2-Lite layer, 64 experts x 1408, bf16, ``benchmarks/moe_sweep.py``, RESULTS.md session
-    15): few rows waste less padding in narrow tiles; many rows reuse each weight tile over
-    more rows (256 tokens: M32 N64 K32 0.70 ms vs 0.90 for M64; 1024: M64 N64 K64 0.73 vs
-    1.28; 8192: M128 N128 K64 8 warps 2.64 vs 5.04). 4-byte inputs keep the 64-row tile
-    (the 128 x 128 one would not fit shared memory in three stages)."""
+    Chosen by the rows an expert gets on average, as measured on the H200 at the DeepSeek-
+    V2-Lite layer (64 experts x 1408, bf16; ``benchmarks/moe_sweep.py``, decode sizes timed
+    from a CUDA graph; RESULTS.md session 15): few rows waste less padding in narrow tiles,
+    many rows reuse each weight tile over more rows. 256 tokens: M32 N128 K128 0.41 ms (M64
+    N64 K32 0.90 eager); 1024: M128 N128 K64 8 warps 0.57 ms (M64 N64 K64 0.67); 8192: the
+    same tile 2.67 ms (M64 N64 K32 5.04). 4-byte inputs keep narrower tiles, which fit
+    shared memory in three stages."""
     rows = num_pairs / max(num_experts, 1)
+    wide = elem_bytes <= 2
     if num_pairs <= 64 * 16 or rows <= 16:
-        cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4}
+        cfg = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3}
     elif rows <= 48:
-        cfg = {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4}
-    elif rows <= 256 or elem_bytes > 2:
-        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4}
+        cfg = ({"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128, "num_warps": 4, "num_stages": 2} if wide
+               else {"BLOCK_M": 32, "BLOCK_N": 64, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3})
+    elif wide:
+        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}
     else:
-        cfg = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8}
-    cfg["num_stages"] = 3 if device.type == "cuda" else 1
+        cfg = {"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3}
+    if device.type != "cuda":
+        cfg["num_stages"] = 1
     if config:
         unknown = sorted(set(config) - set(GEMM_CONFIG_KEYS))
         if unknown:
