@@ -331,3 +331,19 @@ def test_bench_cli_runs_w3_with_the_cache_on_and_off(tmp_path, capsys, single_to
     assert cmp["identical_outputs"] == cmp["num_requests"] == 12
     printed = capsys.readouterr().out
     assert "W3 prefix caching on vs off" in printed and f"{cmp['prefill_tokens_off_over_on']:.2f}x fewer" in printed
+
+
+def test_profile_pass_profiles_prefill_steps_that_compute(single_torch_thread):
+    """The profile pass empties the prefix cache first, so its prefill steps compute the prompts
+    the timed pass left cached; they are profiled on the host too (the device part needs CUDA)."""
+    from core_runner.bench.run import run_engine
+
+    wl = [(p[:24], 4, 0.0) for p, _, _ in make_workload("W1", 2048, 64)]
+    llm = _demo_llm(max_model_len=64, max_num_seqs=64, max_num_batched_tokens=256)
+    res = run_engine(llm, wl, profile_steps=1)
+    assert res["prefill_tokens_computed"] == 64 * 24 and res["prefix_cache_hits"] == 0
+    # the profile pass adds the same 64 prompts again: a kept cache would hit a block of each
+    assert llm.engine.scheduler.prefix_cache_hits == 0 and llm.engine.plan.prefix_caching
+    assert res["prefill_step_ms_profiled"] > 0
+    host = res["prefill_host_top"]
+    assert host and all(k["tot_ms_per_step"] >= 0 and k["calls_per_step"] > 0 for k in host)

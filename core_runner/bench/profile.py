@@ -1,10 +1,12 @@
 """Profiling for ``core-runner bench --profile-steps N``: a second, untimed pass of the
 workload with N decode steps under the torch profiler (GPU idle share, the kernels with the
-most device time, also for two prefill steps) and N more under cProfile (host functions)."""
+most device time) and N more under cProfile (host functions); two prefill steps of the first
+wave go under both at once (their wall time, stretched by both profilers, is reported too)."""
 from __future__ import annotations
 
 import cProfile
 import pstats
+import time
 from pathlib import Path
 
 import torch
@@ -23,10 +25,16 @@ def profile_pass(eng, add_all, profile_steps: int) -> dict:
     for step in range(prof_at + 2 * profile_steps):
         if not eng.has_unfinished_requests():
             break
-        if step == 2 and prof_at > 10:  # a prefill-heavy step of the first wave
-            pre = _start_profile()
+        if step == 2 and prof_at > 10:  # prefill-heavy steps of the first wave: device and host
+            pre, pre_host, pre_t0 = _start_profile(), cProfile.Profile(), time.perf_counter()
+            pre_host.enable()
         if step == 4 and prof_at > 10:
-            found["prefill_top_kernels"] = _stop_profile(pre, 2).get("top_kernels", [])
+            pre_host.disable()
+            found["prefill_step_ms_profiled"] = 1e3 * (time.perf_counter() - pre_t0) / 2
+            stats = _stop_profile(pre, 2)
+            found["prefill_top_kernels"] = stats.get("top_kernels", [])
+            found["prefill_gpu_idle_frac"] = stats.get("gpu_idle_frac", float("nan"))
+            found["prefill_host_top"] = _host_top(pre_host, 2)
         if step == prof_at:
             prof = _start_profile()
         elif step == prof_at + profile_steps:

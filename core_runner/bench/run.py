@@ -382,6 +382,12 @@ def format_result(name: str, r: dict) -> str:
         for k in r.get("host_top", [])[:12]:
             lines.append(f"    host {k['tot_ms_per_step']:6.2f} ms/step own, {k['cum_ms_per_step']:6.2f} cum "
                          f"x{k['calls_per_step']:7.1f}  {k['func']}")
+        if "prefill_gpu_idle_frac" in r:
+            lines.append(f"  prefill steps under both profilers: {r['prefill_step_ms_profiled']:.1f} ms each, "
+                         f"GPU idle {100 * r['prefill_gpu_idle_frac']:.1f}%")
+            for k in r.get("prefill_host_top", [])[:8]:
+                lines.append(f"    prefill host {k['tot_ms_per_step']:6.2f} ms/step own, "
+                             f"{k['cum_ms_per_step']:6.2f} cum x{k['calls_per_step']:7.1f}  {k['func']}")
         for k in r.get("prefill_top_kernels", [])[:6]:
             lines.append(f"    prefill {k['us_per_step']:8.1f} us/step x{k['calls_per_step']:5.1f}  {k['name']}")
         for k in r.get("top_kernels", [])[:10]:
