@@ -14,7 +14,7 @@ from typing import Sequence
 _ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config", "revision",
                  "tokenizer_revision", "tensor_parallel_size", "nnodes", "master_addr", "master_port",
-                 "speculative_config")
+                 "speculative_config", "max_cudagraph_capture_size")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -75,6 +75,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="rendezvous port on node 0 (default: a free one; required with --nnodes > 1)")
     p.add_argument("--speculative-config", type=json.loads, default=None,
                    help="vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' (default: off)")
+    p.add_argument("--max-cudagraph-capture-size", type=int, default=None,
+                   help="largest step, in tokens, replayed from a CUDA graph; larger steps run eagerly (default: 1024)")
     p.add_argument("--strict", action="store_true", help="turn every plan downgrade and plugin fault into an error")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the chosen defaults)")
 
@@ -318,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the settings measured best on an H200 (core_runner/bench/run.py BEST_SETTINGS) instead of "
                         "the engine's defaults; explicit flags still win")
     b.add_argument("--enforce-eager", action="store_true")
+    b.add_argument("--max-cudagraph-capture-size", type=int, default=None,
+                   help="largest step, in tokens, replayed from a CUDA graph (default: the engine's, 1024)")
     b.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, help="(default: 1)")
     b.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"],
                    help="dummy: random weights, only config.json is read (default: auto)")

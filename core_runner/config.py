@@ -131,7 +131,10 @@ class EngineConfig:
     into a ``SpeculativeConfig``) turns on speculative decoding for families declaring
     ``speculative_decoding``. ``load_format`` "auto" / "safetensors" reads the checkpoint (the
     only format: pickles are refused); "dummy" gives random weights and reads only
-    config.json (benchmarks of shapes without a checkpoint). ``trust_remote_code`` exists so that vLLM
+    config.json (benchmarks of shapes without a checkpoint). ``max_cudagraph_capture_size``
+    (vLLM's name; vLLM keeps it in its compilation config, which this engine does not have)
+    is the largest batch, in tokens, replayed from a CUDA graph; None is 1024, and larger
+    batches (prefill steps) run eagerly. ``trust_remote_code`` exists so that vLLM
     scripts passing False run unchanged; True is refused, since core-runner never runs
     a checkpoint's own Python code (a model family is a plugin).
     """
@@ -168,6 +171,7 @@ class EngineConfig:
     trust_remote_code: bool = False
     speculative_config: Any = None
     load_format: str = "auto"
+    max_cudagraph_capture_size: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -236,6 +240,9 @@ class EngineConfig:
                       "plugin (core-runner plugins lists them)")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
+        v = self.max_cudagraph_capture_size
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise bad("max_cudagraph_capture_size", v, "expected an integer >= 1 or None (1024)")
 
     def _check_parallel(self, bad) -> None:
         def positive(name: str) -> int:

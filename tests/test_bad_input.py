@@ -67,6 +67,8 @@ def test_invalid_sampling_params_name_the_field(kwargs, match):
     ({"block_size": 32, "max_model_len": 8}, r"block_size=32 is invalid: expected at most .* = 16"),
     ({"max_num_batched_tokens": 0}, r"max_num_batched_tokens=0 is invalid"),
     ({"num_kv_blocks": 0}, r"num_kv_blocks=0 is invalid"),
+    ({"max_cudagraph_capture_size": 0}, r"max_cudagraph_capture_size=0 is invalid: expected an integer >= 1"),
+    ({"max_cudagraph_capture_size": 1.5}, r"max_cudagraph_capture_size=1.5 is invalid"),
 ])
 def test_invalid_engine_options_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):

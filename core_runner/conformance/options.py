@@ -286,6 +286,22 @@ def _enforce_eager(ctx: Ctx) -> str:
     return f"consistent: CUDA graphs are off either way here ({'; '.join(graphs.downgrades) or 'no graphs'})"
 
 
+@probe("max_cudagraph_capture_size")
+def _max_cudagraph_capture_size(ctx: Ctx) -> str:
+    from core_runner.config import EngineConfig
+    from core_runner.runner.cuda_graphs import CudaGraphManager, capture_sizes
+
+    _rejects(ctx, "max_cudagraph_capture_size=0", max_cudagraph_capture_size=0)
+    cfg = EngineConfig(model=str(ctx.ref.path), device="cpu", max_num_seqs=8, max_num_batched_tokens=4096,
+                       max_cudagraph_capture_size=4096)
+    graphs = CudaGraphManager(capture_sizes(cfg.max_cudagraph_capture_size), cfg.max_num_seqs,
+                              cfg.max_num_batched_tokens)
+    default = CudaGraphManager(capture_sizes(None), cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    if graphs.select(8, 4000, False) is None or default.select(8, 4000, False) is not None:
+        fail("a 4,000-token step should fit a graph only with max_cudagraph_capture_size=4096")
+    return "sets the largest step replayed from a CUDA graph (4,000 tokens: graph at 4096, eager at the default)"
+
+
 def _tiny_tokenizer(vocab: int) -> str:
     from tokenizers import Tokenizer, models, pre_tokenizers
 

@@ -17,6 +17,7 @@ from core_runner.executor.draft import DraftSpec, build_draft
 from core_runner.loader import build_model
 from core_runner.oracle import ExecutionPlan, check_model_fits
 from core_runner.registry import Registration
+from core_runner.runner.cuda_graphs import capture_sizes
 from core_runner.runner.model_runner import ModelRunner
 
 
@@ -49,4 +50,5 @@ def build_runner(spec: RankSpec) -> ModelRunner:
                               config.seed)
         check_model_fits(backend, drafter, spec.draft.registration.architecture)
     return ModelRunner(config, model, model_state, backend, triton_kernels=spec.plan.kernels == "triton",
-                       cuda_graphs=spec.plan.cuda_graphs, drafter=drafter)
+                       cuda_graphs=spec.plan.cuda_graphs, drafter=drafter,
+                       capture_sizes=capture_sizes(config.max_cudagraph_capture_size))

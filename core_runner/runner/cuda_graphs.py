@@ -21,6 +21,18 @@ import torch
 logger = logging.getLogger(__name__)
 
 DEFAULT_CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 192, 256, 320, 384, 512, 640, 768, 896, 1024)
+# past 1024 tokens (prefill steps) a size pads a batch by at most half of the one below
+_LARGE_CAPTURE_SIZES = (1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768)
+
+
+def capture_sizes(max_size: int | None) -> tuple[int, ...]:
+    """The graph sizes up to ``max_size`` tokens (EngineConfig.max_cudagraph_capture_size;
+    None: 1024): the default ladder cut there, or extended by larger steps, ending at
+    ``max_size`` itself so that a full step of that many tokens needs no padding."""
+    if max_size is None:
+        return DEFAULT_CAPTURE_SIZES
+    ladder = DEFAULT_CAPTURE_SIZES + _LARGE_CAPTURE_SIZES
+    return tuple(sorted({s for s in ladder if s < max_size} | {max_size}))
 
 
 @dataclass(frozen=True, slots=True)
