@@ -16,6 +16,8 @@
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
 #   smoke     fp8 kernel tests + quantization mismatches, prefix cache / ngram equality on CUDA
+#   biggraphs prefill steps replayed from CUDA graphs: the GPU test, then W1 W2 with
+#             --max-cudagraph-capture-size 8192 (compare with qwen)                 -> qwen_graphs8192.json
 #   best      W1 W2 with --best-settings (the defaults must reach 90% of these)     -> qwen_best.json
 #   serve     W2 through core-runner serve, one streaming client per request, vs offline -> serve.json
 #             (installs fastapi/uvicorn from a carried .wheels/ when the image lacks them:
@@ -97,6 +99,13 @@ for s in "${STAGES[@]}"; do
       say W3 prefix cache on vs off
       timeout 480 python3 -m core_runner.cli bench --workload W3 --prefix-caching on off "${N[@]}" \
         --json "$LOG/w3.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
+    biggraphs)
+      say prefill steps from CUDA graphs: W1 W2 with --max-cudagraph-capture-size 8192 '(default 1024)'
+      timeout 120 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" \
+        tests/test_gpu_runner.py::test_prefill_steps_replay_graphs_past_1024_tokens 2>&1 | tail -3 | tee -a "$LOG/bench.log"
+      timeout 420 python3 -m core_runner.cli bench --workload W1 W2 --max-cudagraph-capture-size 8192 "${N[@]}" \
+        --profile-steps 10 --json "$LOG/qwen_graphs8192.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning \
+        | grep -e "^W" -e TTFT -e "step wall" -e "prefill steps" | tail -12;;
     best)
       say qwen W1 W2 best settings
       timeout 480 python3 -m core_runner.cli bench --workload W1 W2 --best-settings "${N[@]}" \

@@ -114,3 +114,18 @@ def test_seeded_sampling_same_on_gpu_as_cpu(gpu_ckpt):
     # same logits up to float error: most tokens equal (a near-tie may flip after a divergence)
     agree = sum(a == b for x, y in zip(gpu, cpu_out) for a, b in zip(x, y))
     assert agree >= 0.75 * sum(len(x) for x in gpu)
+
+
+def test_prefill_steps_replay_graphs_past_1024_tokens(gpu_ckpt):
+    """max_cudagraph_capture_size=2048: steps of 1,025-2,048 tokens (prefill chunks with
+    decode rows) replay mixed graphs, with the same greedy tokens as eager."""
+    path, _ = gpu_ckpt
+    prompts = _prompts(24, lo=60, hi=200, seed=5)
+    sp = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    opts = dict(max_num_batched_tokens=2048, num_kv_blocks=512)
+    want = [o.token_ids for o in _engine(path, enforce_eager=True, **opts).generate(prompts, sp)]
+    graph = _engine(path, max_cudagraph_capture_size=2048, **opts)
+    got = [o.token_ids for o in graph.generate(prompts, sp)]
+    assert got == want
+    big = {k: n for k, n in graph.engine.runner.graphs.replays.items() if k.num_tokens > 1024}
+    assert big and not graph.engine.runner.graphs.eager_reasons
