@@ -255,6 +255,42 @@ def test_async_llm_abort_by_id_timeout_and_closing(server):
     assert llm.num_aborted - before == 3
 
 
+def test_a_consumer_behind_gets_the_queued_deltas_as_one(server, offline):
+    """Deltas that queue while a consumer is busy come out as one delta (tokens, text and
+    logprobs of all of them), so a loop serving many streams sends fewer events instead of
+    falling behind; the stream still adds up to the offline output."""
+    llm = server.app.state.llm
+    params = _params(offline, max_tokens=40, ignore_eos=True, seed=5, temperature=0.8, logprobs=1)
+    want = offline.generate(["Once upon a time"], params)[0]
+
+    async def main():
+        got = []
+        async for d in llm.generate("Once upon a time", params):
+            got.append(d)
+            if len(got) == 1:
+                await asyncio.sleep(0.5)  # the engine keeps stepping: deltas queue up
+        return got
+
+    got = asyncio.run(main())
+    assert len(got) < 40 and max(len(d.token_ids) for d in got[1:]) > 1
+    assert [t for d in got for t in d.token_ids] == list(want.token_ids)
+    assert "".join(d.text for d in got) == want.text
+    assert sum(len(d.logprobs) for d in got) == 40 and got[-1].finished and got[-1].num_output_tokens == 40
+
+
+def test_delta_then_joins_two_deltas():
+    from core_runner.engine.async_llm import Delta
+
+    a = Delta("r", [1, 2], "ab", num_prompt_tokens=3, num_output_tokens=2, logprobs=[{1: -0.1}, {2: -0.2}])
+    b = Delta("r", [3], "c", finished=True, finish_reason="length", num_prompt_tokens=3, num_output_tokens=3,
+              logprobs=[{3: -0.3}], cumulative_logprob=-0.6)
+    c = a.then(b)
+    assert (c.token_ids, c.text, c.finished, c.finish_reason, c.num_output_tokens, c.cumulative_logprob) == \
+        ([1, 2, 3], "abc", True, "length", 3, -0.6)
+    assert c.logprobs == [{1: -0.1}, {2: -0.2}, {3: -0.3}] and a.token_ids == [1, 2]
+    assert Delta("r", [1], "a").then(Delta("r", [2], "b")).logprobs is None
+
+
 def _wait_idle(server) -> None:
     deadline = time.monotonic() + 20
     while True:
