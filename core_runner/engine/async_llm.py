@@ -159,8 +159,6 @@ class AsyncLLM:
         self.request_timeout = request_timeout
         self._commands: queue.Queue[Callable[[], None] | None] = queue.Queue()
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
-        # while _publish runs: the step's deltas by caller loop (engine thread only)
-        self._batch: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Delta]]] | None = None
         self._active: set[str] = set()  # caller side: ids in use
         self._ids = 0
         self._flush = False
@@ -264,8 +262,9 @@ class AsyncLLM:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                # deltas that queued while this consumer was behind go out as one, so a loop
-                # serving many streams sends fewer, larger events instead of falling further behind
+                # deltas that queued while this consumer was behind go out as one (as vLLM's
+                # output collector merges them), so a loop serving many streams sends fewer,
+                # larger events instead of falling further behind
                 error = None
                 while not item.finished and not q.empty():
                     later = q.get_nowait()
@@ -372,18 +371,6 @@ class AsyncLLM:
     def _publish(self, finished: list[Any]) -> None:
         done = {output_request_id(o): o for o in finished}
         now = time.perf_counter()
-        self._batch = {}
-        try:
-            self._collect(done, now)
-        finally:
-            batch, self._batch = self._batch, None
-            for loop, items in batch.items():  # one wake-up of each caller loop per step, not one per request
-                try:
-                    loop.call_soon_threadsafe(_deliver, items)
-                except RuntimeError:  # the caller's loop is closed: nobody is listening
-                    pass
-
-    def _collect(self, done: dict[str, Any], now: float) -> None:
         for rid, t in list(self._tracked.items()):
             out = done.get(rid)
             new = t.req.output_token_ids[t.sent_tokens:]
@@ -427,10 +414,8 @@ class AsyncLLM:
                 self.stats.on_inter_token((now - t.last_token_time) / n_new)
         t.last_token_time = now
 
-    def _emit(self, t: _Tracked, d: Delta) -> None:
-        if self._batch is not None:  # inside _publish: sent with the step's other deltas
-            self._batch.setdefault(t.loop, []).append((t.queue, d))
-            return
+    @staticmethod
+    def _emit(t: _Tracked, d: Delta) -> None:
         try:
             t.loop.call_soon_threadsafe(t.queue.put_nowait, d)
         except RuntimeError:  # the caller's loop is closed: nobody is listening
@@ -455,11 +440,6 @@ class AsyncLLM:
 def _spec_counts(sch: Any) -> tuple[int, int, int]:
     """The scheduler's speculative-decoding counters: steps that verified, proposed, accepted."""
     return sch.spec_num_drafts, sch.spec_num_draft_tokens, sch.spec_num_accepted_tokens
-
-
-def _deliver(items: list[tuple[asyncio.Queue, Delta]]) -> None:
-    for q, d in items:
-        q.put_nowait(d)
 
 
 def _set(fut: asyncio.Future, res: Any, err: BaseException | None) -> None:
