@@ -18,6 +18,7 @@ import random
 
 import torch
 
+from core_runner.bench.timing import time_ms
 from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
 HEADS, KV_HEADS, D, BLOCK = 16, 8, 128, 16
@@ -80,31 +81,6 @@ def _batch(reqs: list[tuple[int, int]], g: torch.Generator):
     return [t.cuda() for t in (q, kv, qsl, lens, bt)]
 
 
-def _time(fn, iters: int = 30, graph: bool = False) -> float:
-    """Microseconds per call: ``iters`` calls back to back, or captured in one CUDA graph
-    and replayed (``graph``), after a warm-up."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    run = fn
-    calls = iters
-    if graph:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(iters):
-                fn()
-        g.replay()
-        run, calls = g.replay, 1
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(calls):
-        run()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters * 1e3
-
-
 def sweep(name: str, seed: int = 0) -> dict:
     reqs = _shape(name, random.Random(seed))
     q, kv, qsl, lens, bt = _batch(reqs, torch.Generator().manual_seed(seed))
@@ -125,7 +101,7 @@ def sweep(name: str, seed: int = 0) -> dict:
         if ref is None:
             ref = out.float()
         ok = bool(torch.allclose(out.float(), ref, atol=3e-2, rtol=3e-2))
-        us = _time(fn, graph=decode)
+        us = 1e3 * time_ms(fn, iters=30, graph=decode)
         rows.append({"variant": v, "us": us, "ok": ok, "kv_gb_s": kv_bytes / us / 1e3,
                      "tflop_s": flops / us / 1e6})
     good = [r for r in rows if r.get("ok")]

@@ -28,6 +28,7 @@ from typing import Callable
 
 import torch
 
+from core_runner.bench.timing import time_ms
 from core_runner.kernels.fused_moe_triton import fused_moe_triton, gemm_config
 from core_runner.layers.fused_moe import fused_moe_ref
 
@@ -99,40 +100,6 @@ def make_batch(shape: MoeShape, num_tokens: int, device: str, dtype: torch.dtype
 GRAPH_MAX_TOKENS = 1024  # the engine's largest decode graph: smaller calls are timed from a graph
 
 
-def time_ms(fn: Callable[[], object], warmup: int, iters: int, cuda: bool, graph: bool = False) -> float:
-    """ms per call; ``graph``: the calls captured in one CUDA graph and replayed, as the
-    engine runs decode steps (eager, a decode-sized call also times the host's launches)."""
-    for _ in range(warmup):  # the first call compiles
-        fn()
-    if cuda and graph:
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(iters):
-                fn()
-        g.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / iters
-    if not cuda:
-        t = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        return 1e3 * (time.perf_counter() - t) / iters
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     ref = ref.float()
     return ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
@@ -160,7 +127,8 @@ def sweep_tokens(shape: MoeShape, w13: torch.Tensor, w2: torch.Tensor, num_token
                 (lambda: moe(hidden, w13, w2, weights, ids))
             rec["max_err"] = _rel_err(call(), ref)
             rec["ok"] = bool(rec["max_err"] <= tol)  # NaN is not ok
-            rec["ms"] = time_ms(call, warmup, iters, cuda, graph=num_tokens <= GRAPH_MAX_TOKENS)
+            rec["ms"] = time_ms(call, iters=iters, warmup=warmup, graph=cuda and num_tokens <= GRAPH_MAX_TOKENS,
+                                cuda=cuda)
         except Exception as exc:  # a config that does not compile or launch (shared memory, registers)
             rec.update(ok=False, error=f"{type(exc).__name__}: {str(exc)[:300]}")
         runs.append(rec)

@@ -347,3 +347,11 @@ def test_profile_pass_profiles_prefill_steps_that_compute(single_torch_thread):
     assert res["prefill_step_ms_profiled"] > 0
     host = res["prefill_host_top"]
     assert host and all(k["tot_ms_per_step"] >= 0 and k["calls_per_step"] > 0 for k in host)
+
+
+def test_time_ms_runs_the_warmup_then_the_timed_calls():
+    from core_runner.bench.timing import time_ms
+
+    calls = []
+    ms = time_ms(lambda: calls.append(1), iters=5, warmup=2, cuda=False)
+    assert len(calls) == 7 and ms >= 0.0

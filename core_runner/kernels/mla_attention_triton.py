@@ -20,7 +20,7 @@ streaming its whole context (up to ~1 MiB of latents per 1k tokens in bf16), too
 keep an H200's 132 SMs reading. Grid axis 2 then cuts each program's context [0, kv_end)
 into NUM_SPLITS BLOCK_N-aligned ranges; each program writes its running (max, sum,
 unnormalised acc) to fp32 scratch indexed (token, head, split), and paged attention's
-``_merge_splits_kernel`` combines them and writes every output row, zeros for padding
+``merge_splits`` combines them and writes every output row, zeros for padding
 tokens. A split with nothing to read still writes (_NEG_BIG, 0, 0), which the merge
 weighs as nothing. The split count is picked from host ints (``max_seq_len``), as in
 ``paged_attention``.
@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from core_runner.kernels.paged_attention_triton import _merge_splits_kernel, _pick_num_splits
 from core_runner.kernels.request_lookup_triton import request_of_program
+from core_runner.kernels.split_kv_triton import merge_splits, pick_num_splits, split_range, split_scratch
 
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
@@ -59,13 +59,7 @@ def _mla_kernel(
     n_tok = tl.minimum(q_end - tok0, BLOCK_Q)
     pos0 = seq_len - (q_end - tok0)
     kv_end = tl.maximum(tl.where(n_tok > 0, tl.minimum(seq_len, pos0 + n_tok), 0), 0)
-    if NUM_SPLITS > 1:
-        chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        kv_lo = split * chunk
-        kv_hi = tl.minimum(kv_lo + chunk, kv_end)
-    else:
-        kv_lo = 0
-        kv_hi = kv_end
+    kv_lo, kv_hi = split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
 
     rows = tl.arange(0, BLOCK_M)
     r_tok = rows // BLOCK_H
@@ -165,7 +159,7 @@ def mla_attention_triton(
         if max_query_len == 1 and q_c.device.type == "cuda":
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
-            num_splits = _pick_num_splits(q_c.device, num_reqs, head_tiles, max_seq_len)
+            num_splits = pick_num_splits(q_c.device, num_reqs, head_tiles, max_seq_len)
     if num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     block_l = max(triton.next_power_of_2(lora), 16)
@@ -175,9 +169,7 @@ def mla_attention_triton(
     cfg.update(config or {})
     if num_splits > 1:  # the merge writes every row, padding tokens included
         out = torch.empty((num_tokens, num_heads, lora), dtype=q_c.dtype, device=q_c.device)
-        m_buf = torch.empty(num_tokens * num_heads * num_splits, dtype=torch.float32, device=q_c.device)
-        l_buf = torch.empty_like(m_buf)
-        acc_buf = torch.empty(m_buf.numel() * block_l, dtype=torch.float32, device=q_c.device)
+        m_buf, l_buf, acc_buf = split_scratch(num_tokens, num_heads, num_splits, block_l, q_c.device)
     else:  # the kernel writes real tokens only
         out = torch.zeros((num_tokens, num_heads, lora), dtype=q_c.dtype, device=q_c.device)
         m_buf = l_buf = acc_buf = out  # unused
@@ -193,9 +185,5 @@ def mla_attention_triton(
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_heads)](
-            out, m_buf, l_buf, acc_buf, query_start_loc, num_reqs, out.stride(0), out.stride(1),
-            HEAD_SIZE=lora, NUM_HEADS=num_heads, NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_D=block_l, num_warps=4,
-        )
+        merge_splits(out, (m_buf, l_buf, acc_buf), query_start_loc, num_reqs, num_splits, block_l)
     return out

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.request_lookup_triton import request_of_program
+from core_runner.kernels.split_kv_triton import merge_splits, pick_num_splits, split_range, split_scratch
 
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
@@ -107,13 +108,7 @@ def _attn_kernel(
     else:
         kv_end = seq_len
     kv_end = tl.maximum(tl.where(n_tok > 0, kv_end, 0), 0)
-    if NUM_SPLITS > 1:
-        chunk = tl.cdiv(tl.cdiv(kv_end, NUM_SPLITS), BLOCK_N) * BLOCK_N
-        kv_lo = split * chunk
-        kv_hi = tl.minimum(kv_lo + chunk, kv_end)
-    else:
-        kv_lo = 0
-        kv_hi = kv_end
+    kv_lo, kv_hi = split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
 
     # ---- rows: (token, head within group)
     rows = tl.arange(0, BLOCK_M)
@@ -163,44 +158,6 @@ def _attn_kernel(
         o = acc / l_safe[:, None]
         tl.store(out_ptr + tok[:, None] * s_ot + r_head[:, None] * s_oh + d[None, :],
                  o.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit(do_not_specialize=["num_reqs"])
-def _merge_splits_kernel(
-    out_ptr, m_ptr, l_ptr, acc_ptr, qsl_ptr, num_reqs, s_ot, s_oh,
-    HEAD_SIZE: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    SPLITS_PAD: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    """out[tok, head] from the splits' (m, l, acc) rows of BLOCK_D floats (shared with
-    ``mla_attention``). Padding tokens past qsl[num_reqs] read no scratch, which a kernel
-    need not have written for them, and come out as zeros."""
-    tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    sp = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, BLOCK_D)
-    sp_ok = sp < tl.where(tok < tl.load(qsl_ptr + num_reqs), NUM_SPLITS, 0)
-    base = (tok * NUM_HEADS + head) * NUM_SPLITS
-    # _NEG_BIG, not -inf, for absent splits: when none is present the max stays finite
-    m = tl.load(m_ptr + base + sp, mask=sp_ok, other=_NEG_BIG)
-    l = tl.load(l_ptr + base + sp, mask=sp_ok, other=0.0)
-    acc = tl.load(acc_ptr + (base + sp)[:, None] * BLOCK_D + d[None, :], mask=sp_ok[:, None], other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))  # max is finite: every real split wrote >= _NEG_BIG
-    l_tot = tl.sum(w * l, 0)
-    o = tl.sum(w[:, None] * acc, 0) / tl.where(l_tot > 0.0, l_tot, 1.0)
-    tl.store(out_ptr + tok * s_ot + head * s_oh + d, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_SIZE)
-
-
-def _pick_num_splits(device: torch.device, num_reqs: int, progs_per_req: int, max_seq_len: int) -> int:
-    """Split until there are ~4 programs per SM (a decode program alone cannot keep an
-    SM's memory pipe busy), each still covering >= 256 context tokens, at most 16.
-    progs_per_req: programs per request before splitting (kv heads, or MLA's head tiles)."""
-    if device.type != "cuda":
-        return 1
-    num_sms = torch.cuda.get_device_properties(device).multi_processor_count
-    work = max(num_reqs * progs_per_req, 1)
-    if work >= 4 * num_sms:
-        return 1
-    return max(min(triton.cdiv(4 * num_sms, work), max_seq_len // 256, 16), 1)
 
 
 def _launch_config(max_query_len: int, group_pad: int, block_d: int, elem_bytes: int,
@@ -268,7 +225,7 @@ def paged_attention_triton(
         if max_query_len == 1:
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
-            num_splits = _pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
+            num_splits = pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
     _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, scale * _LOG2E, causal, cfg,
             num_splits, one_block)
     return out
@@ -287,13 +244,8 @@ def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale,
     num_main = num_reqs if one_block else num_tokens // block_q + num_reqs
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # no TF32 rounding of fp32
     grid = (num_main + triton.cdiv(num_tokens, block_q), kv_heads, num_splits)
-    if num_splits > 1:
-        parts = num_tokens * num_heads * num_splits
-        m_buf = torch.empty(parts, dtype=torch.float32, device=q.device)
-        l_buf = torch.empty_like(m_buf)
-        acc_buf = torch.empty(parts * block_d, dtype=torch.float32, device=q.device)
-    else:
-        m_buf = l_buf = acc_buf = out  # unused
+    m_buf, l_buf, acc_buf = split_scratch(num_tokens, num_heads, num_splits, block_d, q.device) \
+        if num_splits > 1 else (out, out, out)  # unused without splits
     _attn_kernel[grid](
         q, kv_cache[0], kv_cache[-1], out, m_buf, l_buf, acc_buf,
         query_start_loc, seq_lens, block_tables,
@@ -307,8 +259,4 @@ def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_heads)](
-            out, m_buf, l_buf, acc_buf, query_start_loc, num_reqs, out.stride(0), out.stride(1),
-            HEAD_SIZE=head_size, NUM_HEADS=num_heads, NUM_SPLITS=num_splits,
-            SPLITS_PAD=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4,
-        )
+        merge_splits(out, (m_buf, l_buf, acc_buf), query_start_loc, num_reqs, num_splits, block_d)

@@ -27,3 +27,4 @@ def request_of_program(qsl_ptr, pid, num_reqs, BLOCK_Q: tl.constexpr, ONE_BLOCK_
         q_start = tl.load(qsl_ptr + req)
         tok0 = q_start + (pid - (q_start // BLOCK_Q + req)) * BLOCK_Q
     return req, tok0
+

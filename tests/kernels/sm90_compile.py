@@ -129,9 +129,11 @@ def sampler_cases(n: int = 8, vocab: int = 5008) -> dict:
 
 
 def attention_cases() -> dict:
-    """MLA decode at the DeepSeek-V2-Lite shape (16 heads, L 512, R 64, block 16, bf16),
-    launched with the GPU's pipeline depth (the CPU default is 1 stage)."""
+    """MLA decode at the DeepSeek-V2-Lite shape (16 heads, L 512, R 64, block 16, bf16) and
+    paged attention at Qwen3-0.6B's (16 q / 8 kv heads, D 128): decode, split decode and a
+    prefill batch, launched with the GPU's pipeline depth (the CPU default is 1 stage)."""
     from core_runner.kernels.mla_attention_triton import mla_attention_triton
+    from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
     reqs, heads, lora, rope, bs = 8, 16, 512, 64, 16
     q_c = torch.randn(reqs, heads, lora).bfloat16()
@@ -142,7 +144,18 @@ def attention_cases() -> dict:
     bt = torch.arange(reqs * 8, dtype=torch.int32).view(reqs, 8)
     args = (q_c, q_pe, cache, qsl, lens, bt, 0.07)
     gpu = {"num_stages": 2}
+    kv = torch.randn(2, 64, bs, 8, 128).bfloat16()
+    q1 = torch.randn(reqs, 16, 128).bfloat16()
+    qp = torch.randn(4 * 32, 16, 128).bfloat16()
+    qslp = torch.arange(0, 4 * 32 + 1, 32, dtype=torch.int32)
+    paged = (kv, qsl, lens, bt, 0.088)
     return {
+        "paged_decode": lambda: paged_attention_triton(q1, *paged, max_query_len=1, max_seq_len=128, num_splits=1,
+                                                       config=gpu),
+        "paged_split": lambda: paged_attention_triton(q1, *paged, max_query_len=1, max_seq_len=128, num_splits=4,
+                                                      config=gpu),
+        "paged_prefill": lambda: paged_attention_triton(qp, kv, qslp, lens[:4], bt[:4], 0.088, max_query_len=32,
+                                                        max_seq_len=100, config=gpu),
         "mla": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=1, config=gpu),
         "mla_split": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=4,
                                                   config=gpu),
