@@ -215,33 +215,20 @@ def paged_attention_triton(
         return out.zero_()
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    group_pad = triton.next_power_of_2(num_heads // kv_heads)
+    group = num_heads // kv_heads
+    group_pad = triton.next_power_of_2(group)
     block_d = max(triton.next_power_of_2(head_size), 16)
     cfg = {**_launch_config(max_query_len, group_pad, block_d, kv_cache.element_size(), q.device), **(config or {})}
-    cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
-    one_block = max_query_len <= cfg["BLOCK_M"] // group_pad
+    cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)  # an override may ask for fewer rows than the group
+    block_q = cfg["BLOCK_M"] // group_pad
+    one_block = max_query_len <= block_q
+    num_main = num_reqs if one_block else num_tokens // block_q + num_reqs
     if num_splits is None:
         num_splits = 1
         if max_query_len == 1:
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
             num_splits = pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
-    _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, scale * _LOG2E, causal, cfg,
-            num_splits, one_block)
-    return out
-
-
-def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale, causal, cfg,
-             num_splits: int, one_block: bool) -> None:
-    """The attention kernel's launch (plus the split merge)."""
-    num_tokens, num_heads, head_size = q.shape
-    kv_heads = kv_cache.shape[3]
-    num_reqs = seq_lens.shape[0]
-    group = num_heads // kv_heads
-    group_pad = triton.next_power_of_2(group)
-    block_d = max(triton.next_power_of_2(head_size), 16)
-    block_q = cfg["BLOCK_M"] // group_pad
-    num_main = num_reqs if one_block else num_tokens // block_q + num_reqs
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # no TF32 rounding of fp32
     grid = (num_main + triton.cdiv(num_tokens, block_q), kv_heads, num_splits)
     m_buf, l_buf, acc_buf = split_scratch(num_tokens, num_heads, num_splits, block_d, q.device) \
@@ -249,14 +236,15 @@ def _launch(q, kv_cache, query_start_loc, seq_lens, block_tables, out, qk_scale,
     _attn_kernel[grid](
         q, kv_cache[0], kv_cache[-1], out, m_buf, l_buf, acc_buf,
         query_start_loc, seq_lens, block_tables,
-        num_tokens, num_reqs, num_main, qk_scale,
+        num_tokens, num_reqs, num_main, scale * _LOG2E,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=group_pad,
-        BLOCK_SIZE=kv_cache.shape[2], BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
+        BLOCK_SIZE=block_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
         HEAD_SIZE=head_size, ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         merge_splits(out, (m_buf, l_buf, acc_buf), query_start_loc, num_reqs, num_splits, block_d)
+    return out
