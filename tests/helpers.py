@@ -195,3 +195,40 @@ def assert_logits_match_hf(ckpt: Checkpoint, rec: Recorder, outputs: dict, atol:
             checked += 1
     return checked
 
+
+
+def read_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory's safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    out: dict[str, torch.Tensor] = {}
+    for file in sorted(Path(path).glob("*.safetensors")):
+        out.update(load_file(str(file)))
+    return out
+
+
+def step_without_host_sync(eng: Any, watch: Callable[[Any, bool], None] | None = None,
+                           max_steps: int = 2000) -> tuple[int, int]:
+    """Step ``eng``'s scheduler and runner as EngineCore does (the next step planned while
+    the previous one is in flight), every ``execute_model`` under
+    ``torch.cuda.set_sync_debug_mode("error")``, until all requests finish.
+    ``watch(out, in_flight)`` sees each planned step and whether one was in flight.
+    Returns (steps, requests finished)."""
+    steps, in_flight, done = 0, [], 0
+    while eng.scheduler.has_unfinished() or in_flight:
+        out = eng.scheduler.schedule()
+        if watch is not None:
+            watch(out, bool(in_flight))
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            handle = eng.runner.execute_model(out)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        if not out.is_empty:
+            in_flight.append((out, handle))
+        while in_flight and (len(in_flight) > 1 or out.is_empty):
+            o, h = in_flight.pop(0)
+            done += len(eng.scheduler.update_from_output(o, h.get()))
+        steps += 1
+        assert steps < max_steps, "the step loop does not terminate"
+    return steps, done

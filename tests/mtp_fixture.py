@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 from core_runner_deepseek.hooks import TINY_V3
-from safetensors import safe_open
+from helpers import read_checkpoint
 from safetensors.torch import save_file
 
 CONFIG = {**TINY_V3, "eos_token_id": None, "bos_token_id": None, "pad_token_id": None}
@@ -36,14 +36,6 @@ class MtpCheckpoint:
     @property
     def num_hidden_layers(self) -> int:
         return self.config["num_hidden_layers"]
-
-
-def _read(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
 
 
 def _randomize_norms(model: torch.nn.Module, g: torch.Generator) -> None:
@@ -93,7 +85,7 @@ def build_mtp_checkpoint(path: Path, num_mtp: int = 1, seed: int = 0, share_embe
         ref_dir = path.parent / f"{path.name}-ref{i}"  # per-expert names as transformers writes them
         ref.save_pretrained(str(ref_dir))
         prefix = f"model.layers.{n + i}."
-        for name, t in _read(ref_dir).items():
+        for name, t in read_checkpoint(ref_dir).items():
             if name.startswith("model.layers.0."):
                 tensors[prefix + name.removeprefix("model.layers.0.")] = t
         ref_sd = ref.state_dict()

@@ -16,9 +16,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import Checkpoint, Recorder, assert_logits_match_hf, greedy, hf_greedy, make_engine, random_prompts, run
-from safetensors import safe_open
-from safetensors.torch import save_file
+from helpers import (
+    Checkpoint,
+    Recorder,
+    assert_logits_match_hf,
+    greedy,
+    hf_greedy,
+    make_engine,
+    random_prompts,
+    read_checkpoint,
+    run,
+)
+from safetensors.torch import load_file, save_file
 
 from core_runner.quantization import (
     Fp8BlockQuantization,
@@ -52,14 +61,6 @@ def _dequant_by_blocks(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _read_dir(path: Path) -> dict[str, torch.Tensor]:
-    out = {}
-    for file in sorted(path.glob("*.safetensors")):
-        with safe_open(str(file), framework="pt") as f:
-            out.update({k: f.get_tensor(k) for k in f.keys()})
-    return out
-
-
 def _write_shards(path: Path, tensors: dict[str, torch.Tensor], config: dict) -> None:
     """Two shards; weight i goes to shard i % 2 and its scale to the other one."""
     path.mkdir(parents=True)
@@ -89,7 +90,7 @@ def build_fp8(root: Path) -> tuple[Checkpoint, dict[str, torch.Tensor]]:
             gate.e_score_correction_bias.copy_(torch.randn_like(gate.e_score_correction_bias) * 0.3)
     src.save_pretrained(str(root / "src"))
     config = json.loads((root / "src" / "config.json").read_text())
-    original = _read_dir(root / "src")
+    original = read_checkpoint(root / "src")
     fp8, dequantized = {}, {}
     for name, w in original.items():
         if UNQUANTIZED.search(name) or w.dim() != 2:
@@ -115,7 +116,7 @@ def _variant(ckpt: Checkpoint, tmp_path: Path, edit_tensors=None, edit_config=No
     shutil.copytree(ckpt.path, dst)
     if edit_tensors is not None:
         for file in dst.glob("*.safetensors"):
-            tensors = _read_dir_file(file)
+            tensors = load_file(str(file))
             edit_tensors(tensors)
             save_file(tensors, str(file))
     if edit_config is not None:
@@ -123,11 +124,6 @@ def _variant(ckpt: Checkpoint, tmp_path: Path, edit_tensors=None, edit_config=No
         edit_config(cfg)
         (dst / "config.json").write_text(json.dumps(cfg))
     return Checkpoint(name="variant", path=str(dst), hf=None)
-
-
-def _read_dir_file(file: Path) -> dict[str, torch.Tensor]:
-    with safe_open(str(file), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
 
 
 # ---------------------------------------------------------------------------------

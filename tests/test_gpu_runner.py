@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import step_without_host_sync
 
 from core_runner import LLM, SamplingParams
 
@@ -64,23 +65,13 @@ def test_no_host_sync_in_hot_path(gpu_ckpt):
                                 logit_bias={7: 1.5}, min_tokens=3, stop_token_ids=[11], logprobs=3,
                                 prompt_logprobs=2, ignore_eos=True)
         eng.add_request(p, sp, req_id=str(i))
-    steps, in_flight, done = 0, [], 0
     saw_mixed = False
-    while eng.scheduler.has_unfinished() or in_flight:
-        out = eng.scheduler.schedule()
+
+    def watch(out, _in_flight):
+        nonlocal saw_mixed
         saw_mixed |= len(set(out.num_scheduled_tokens.values()) - {1}) > 0 and 1 in out.num_scheduled_tokens.values()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            handle = eng.runner.execute_model(out)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        if not out.is_empty:
-            in_flight.append((out, handle))
-        while in_flight and (len(in_flight) > 1 or out.is_empty):
-            o, h = in_flight.pop(0)
-            done += len(eng.scheduler.update_from_output(o, h.get()))
-        steps += 1
-        assert steps < 2000, "the step loop does not terminate"
+
+    steps, done = step_without_host_sync(eng, watch)
     assert steps >= 50 and saw_mixed and done == len(prompts)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import step_without_host_sync
 from spec_draft_fixture import plugins_with_draft, write_copying_pair, write_draft
 
 from core_runner import SamplingParams
@@ -107,22 +108,13 @@ def test_no_host_sync_in_speculative_steps(paths, name):
     for i, p in enumerate(prompts(24, seed=2, repeat=True)):
         eng.add_request(p, SamplingParams(max_tokens=40, temperature=0.7 if i % 2 else 0.0, top_p=0.9, seed=i,
                                           ignore_eos=True), req_id=str(i))
-    steps, in_flight, verifying = 0, [], 0
-    while eng.scheduler.has_unfinished() or in_flight:
-        out = eng.scheduler.schedule()
-        verifying += bool(out.spec_token_counts) and bool(in_flight)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            handle = eng.runner.execute_model(out)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
-        if not out.is_empty:
-            in_flight.append((out, handle))
-        while in_flight and (len(in_flight) > 1 or out.is_empty):
-            o, h = in_flight.pop(0)
-            eng.scheduler.update_from_output(o, h.get())
-        steps += 1
-        assert steps < 3000, "the step loop does not terminate"
+    verifying = 0
+
+    def watch(out, in_flight):
+        nonlocal verifying
+        verifying += bool(out.spec_token_counts) and in_flight
+
+    step_without_host_sync(eng, watch, max_steps=3000)
     assert verifying >= 10, verifying  # verification steps planned while the previous step was in flight
 
 

@@ -148,14 +148,15 @@ def test_fp8_checkpoint_loads_dequantized(ckpts, tmp_path):
     """The 'one' checkpoint in DeepSeek-V3's fp8 format (every projection of the target and
     the MTP layer, eh_proj included, fp8 with ``weight_scale_inv``, over two shards): the
     draft holds the dequantized weights and computes what one built from them does."""
-    from test_fp8 import QUANT, UNQUANTIZED, _read_dir, _write_shards
+    from helpers import read_checkpoint
+    from test_fp8 import QUANT, UNQUANTIZED, _write_shards
 
     from core_runner.quantization import dequantize_fp8_block, quantize_fp8_block
 
     src = Path(ckpts["one"].path)
     config = json.loads((src / "config.json").read_text())
     fp8, deq = {}, {}
-    for name, w in _read_dir(src).items():
+    for name, w in read_checkpoint(src).items():
         if UNQUANTIZED.search(name) or "shared_head.head" in name or w.dim() != 2:
             fp8[name] = deq[name] = w
             continue
