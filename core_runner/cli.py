@@ -10,6 +10,8 @@ import logging
 import sys
 from typing import Sequence
 
+from core_runner.bench.shapes import SHAPES  # names only: the module imports no torch
+
 # engine flags whose default (None) means "as LLM() chooses"; forwarded only when given
 _ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config", "revision",
@@ -325,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, help="(default: 1)")
     b.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"],
                    help="dummy: random weights, only config.json is read (default: auto)")
-    b.add_argument("--shape", default=None, choices=["qwen3-0.6b", "qwen3-32b", "deepseek-v3-mtp"],
+    b.add_argument("--shape", default=None, choices=SHAPES,
                    help="with --load-format dummy: a config-only model of this shape (no --model). deepseek-v3-mtp: "
                         "DeepSeek-V3's architecture and per-layer dims (MLA q_lora 1536 / kv_lora 512 / rope 64, "
                         "noaux_tc routing over 8 groups top-4, top-8 experts of 2048, 1 shared, first 3 layers "
