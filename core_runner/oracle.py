@@ -57,6 +57,35 @@ def check_quantization(hf_config: Any, reg: Registration) -> None:
         )
 
 
+_MISSING = object()
+
+
+def config_value(hf_config: Any, dotted: str) -> Any:
+    """The value of a dotted field (``rope_parameters.rope_type``) of a config; _MISSING if absent."""
+    value: Any = hf_config
+    for part in dotted.split("."):
+        if isinstance(value, dict):
+            value = value.get(part, _MISSING)
+        else:
+            value = getattr(value, part, _MISSING)
+        if value is _MISSING:
+            return _MISSING
+    return value
+
+
+def check_config(hf_config: Any, reg: Registration) -> None:
+    """Refuse a config that moves a field the family declares it does not implement past the
+    values it accepts (``accepted_config``): running it would silently compute something else."""
+    for dotted, accepted in reg.accepted_config.items():
+        value = config_value(hf_config, dotted)
+        if value is not _MISSING and value not in accepted:
+            raise UnsupportedError(
+                f"config field {dotted}={value!r} is not implemented by {reg.architecture} (plugin {reg.plugin!r}): "
+                f"it accepts {dotted} in {list(accepted)}; use a checkpoint with one of those values or a plugin "
+                "that implements it"
+            )
+
+
 def check_parallel(config: EngineConfig, reg: Registration) -> None:
     """Refuse tensor / expert parallelism for a family that does not declare it: its layers
     may not split themselves across ranks (whole weights on every rank would give wrong sums)."""

@@ -6,6 +6,7 @@ plugin produces an error naming the package to install.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from dataclasses import dataclass
@@ -69,6 +70,9 @@ class Registration:
     examples: tuple[dict, ...] = ()
     plugin: str = "<direct>"
     tasks: tuple[str, ...] = ("generate",)
+    # dotted config field -> the values the plugin implements (``accepted_config``): a config
+    # with another value is refused when the engine is built, never run as something else
+    accepted_config: dict[str, tuple] = dataclasses.field(default_factory=dict)
 
     def capability(self, name: str) -> Capability:
         return self.capabilities.get(name, Capability("unsupported", "not declared by the plugin"))
@@ -101,6 +105,18 @@ def _check_lazy(name: str, value: Any) -> str:
     if not isinstance(value, str) or ":" not in value:
         raise ValueError(f"{name}={value!r} is invalid: expected a lazy 'module:attr' string")
     return value
+
+
+def _check_accepted(architecture: str, accepted: dict | None) -> dict[str, tuple]:
+    out = {}
+    for k, v in (accepted or {}).items():
+        if not isinstance(k, str) or not k:
+            raise ValueError(f"accepted_config of {architecture}: key {k!r} is not a config field name")
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ValueError(f"accepted_config of {architecture}: {k}={v!r} is invalid: expected a non-empty list "
+                             "of the values the plugin implements")
+        out[k] = tuple(v)
+    return out
 
 
 @dataclass(frozen=True)
@@ -162,9 +178,12 @@ class Registry:
     def add(
         self, architecture: str, model: str, model_state: str, *, capabilities: dict | None = None,
         reference: str | None = None, examples: list | tuple = (), tasks: tuple[str, ...] = ("generate",),
-        override: bool = False,
+        override: bool = False, accepted_config: dict | None = None,
     ) -> None:
-        """Register an architecture. A duplicate is an error unless ``override=True``."""
+        """Register an architecture. A duplicate is an error unless ``override=True``.
+        ``accepted_config`` maps a (dotted) config field to the values the plugin implements,
+        e.g. ``{"use_sliding_window": [False]}``: the engine refuses a checkpoint whose config
+        holds another value, naming the field."""
         if architecture in self._regs and not override:
             prev = self._regs[architecture]
             raise ValueError(
@@ -180,6 +199,7 @@ class Registry:
             architecture=architecture, model=_check_lazy("model", model),
             model_state=_check_lazy("model_state", model_state), capabilities=caps,
             reference=reference, examples=tuple(examples), plugin=self.current_plugin, tasks=tuple(tasks),
+            accepted_config=_check_accepted(architecture, accepted_config),
         )
 
     def architectures(self) -> list[str]:

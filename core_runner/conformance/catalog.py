@@ -105,14 +105,19 @@ CHECKS: tuple[Check, ...] = (
        "A prompt's embedding does not depend on its batch, its row (reused after other requests) or, with "
        "chunked prefill, on how the prompt is split into chunks (within 1e-5).", task="embed"),
     _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
-       "Every config field the reference reads, moved away from the example's value and the library default "
-       "(rope base, norm eps, head_dim != hidden/heads, fewer KV heads, tied embeddings, biases, activation, "
-       "scales), gives the reference's logits (1e-4) and greedy tokens; a variant the reference rejects or "
-       "does not read is not applicable, one the plugin refuses naming the field is reported as refused."),
+       "Field sensitivity: every field of the reference config (numbers, bools, strings with the values the "
+       "reference's source compares them with, lists of layer kinds or indices, nested RoPE parameters and kinds, "
+       "None fields by their annotated type; dormant fields again together with the fields that share a word of "
+       "their name) is moved until the reference's output on a 40-token probe changes; that variant, sharing the "
+       "example's weights, gives the reference's logits (1e-4) at every recorded position of a batch under chunked "
+       "prefill and its greedy tokens (embeddings, every accepted pooling type, for an embedding model), or is "
+       "refused by name when the engine is built; a plugin whose output does not move is reported as ignoring the "
+       "field.", task=None),
     _c("CR-EQ-13", "example", f"{_V}:long_positions",
-       "A request whose positions reach the end of max_position_embeddings (raised to 4,096 where the example "
-       "is smaller) gives the reference's logits at every prefill chunk end and decode step, and its greedy "
-       "tokens."),
+       "A request whose positions reach past the original maximum of a scaled RoPE (at least 8,192 positions; "
+       "4,096 for unscaled RoPE; max_position_embeddings raised where the example is smaller) gives the "
+       "reference's logits at every prefill chunk end and decode step, and its greedy tokens, and finishes by "
+       "length with every token it asked for."),
     _c("CR-TP-01", "capability", "checks_parallel:tensor_parallel_equals_one_rank",
        "Tensor parallelism equals one rank: at tensor_parallel_size=2 (CPU, gloo) every example, and a "
        "one-KV-head variant where the example has as many KV heads as ranks, gives the same greedy tokens and "

@@ -18,7 +18,8 @@ SAME_ATOL = 1e-5
 LENGTHS = [1, 9, 3, 17, 6, 30]
 
 
-def _pool(hidden: torch.Tensor, kind: str) -> torch.Tensor:
+def pool_hidden(hidden: torch.Tensor, kind: str) -> torch.Tensor:
+    """The reference's [len, hidden] final states pooled as ``kind`` ("mean", "cls", "last")."""
     if kind == "mean":
         return hidden.mean(dim=0)
     if kind == "cls":
@@ -66,7 +67,7 @@ def embeddings_match_reference(ctx: Ctx) -> None:
         for normalize in (False, True):
             got = _embed(llm, prompts, kind, normalize)
             for i, (p, g) in enumerate(zip(prompts, got)):
-                want = _pool(ctx.ref.hidden(p), kind)
+                want = pool_hidden(ctx.ref.hidden(p), kind)
                 if normalize:
                     want = torch.nn.functional.normalize(want, dim=-1)
                 _close(g, want, EMBED_ATOL, f"prompt {i} (length {len(p)}) pooling {kind} normalize={normalize}",

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -81,10 +83,67 @@ def reference_config(reg: Registration, example: Example) -> Any:
     return config_cls(**cfg)
 
 
-class Reference:
-    """One (registration, example): the reference model, saved as a checkpoint the engine loads."""
+PERTURB_CONSTANT = 0.2  # noise added to a tensor that holds one value (zero biases, unit norms, D = 1)
+PERTURB_RELATIVE = 0.1  # jitter, in units of its own spread, of every other tensor (A_log = log(1..n) ...)
 
-    def __init__(self, reg: Registration, example: Example, root: Path, seed: int = 0) -> None:
+
+def randomize_every_tensor(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Give every float parameter and saved buffer values no initialiser would give it:
+    a tensor that transformers fills with one value (zero biases, unit norms, a zero
+    ``e_score_correction_bias``, ``D`` = 1) would let a model that ignores it, or uses it
+    in the wrong place, pass; a deterministic one (``A_log`` = log(1..n)) would let a model
+    that rebuilds it from the config pass. Buffers that are not saved (rotary tables) are
+    derived from the config by both sides and stay as they are."""
+    saved = set(model.state_dict().keys())
+    seen: set[int] = set()
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            if name not in saved or not t.is_floating_point() or t.numel() == 0 or id(t) in seen:
+                continue
+            seen.add(id(t))
+            flat = t.reshape(-1)
+            noise = torch.randn(t.shape, generator=gen)
+            if bool((flat == flat[0]).all()):
+                t.add_(noise * PERTURB_CONSTANT)
+            else:
+                t.add_(noise * PERTURB_RELATIVE * float(flat.float().std()))
+
+
+def unchanged_tensors(model: torch.nn.Module) -> list[str]:
+    """Saved float tensors that still hold a single value (what ``randomize_every_tensor`` must leave none of)."""
+    out = []
+    for name, t in model.state_dict().items():
+        flat = t.reshape(-1)
+        if t.is_floating_point() and flat.numel() > 0 and bool((flat == flat[0]).all()):
+            out.append(name)
+    return out
+
+
+def _first_names(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict without the second name of a tied tensor."""
+    out, seen = {}, set()
+    for k, v in model.state_dict().items():
+        if v.data_ptr() not in seen:
+            out[k] = v
+        seen.add(v.data_ptr())
+    return out
+
+
+def _shared_tensors(src: torch.nn.Module, dst: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """src's tensors that dst has under the same name and shape; a tied tensor is taken once on
+    either side, so untying gives the head weights of its own and tying keeps the embedding."""
+    mine = _first_names(dst)
+    return {k: v for k, v in _first_names(src).items() if k in mine and mine[k].shape == v.shape}
+
+
+class Reference:
+    """One (registration, example): the reference model, saved as a checkpoint the engine
+    loads (on first use of ``path``). ``like`` is another Reference whose tensors this one
+    takes wherever the names and shapes agree, so a derived example (a perturbed config
+    field) differs from its base by the field alone, not by a new draw of every weight."""
+
+    def __init__(self, reg: Registration, example: Example, root: Path, seed: int = 0,
+                 like: "Reference | None" = None) -> None:
         cls = reference_class(reg)
         hf_config = reference_config(reg, example)
         prev = torch.get_default_dtype()
@@ -94,36 +153,54 @@ class Reference:
             model = cls(hf_config).to(torch.float32).eval()
         finally:
             torch.set_default_dtype(prev)
-        gen = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for p in model.parameters():
-                # zero biases and unit norms would let a model that ignores them pass
-                if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all()):
-                    p.add_(torch.randn(p.shape, generator=gen) * 0.1)
-        self.path = Path(root) / f"{reg.architecture}-{example.name}"
-        from transformers.utils import logging as hf_logging
-
-        bars = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
-            model.save_pretrained(str(self.path))
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
-        cfg_file = self.path / "config.json"
-        cfg = json.loads(cfg_file.read_text())
-        cfg["architectures"] = [reg.architecture]  # the engine picks the plugin by this name
-        cfg_file.write_text(json.dumps(cfg, indent=2))
-        block = fp8_block_size(example.config)
-        if block is not None:
-            model = write_fp8_checkpoint(self.path, cls, block)
+        randomize_every_tensor(model, torch.Generator().manual_seed(seed + 1))
+        if like is not None:
+            model.load_state_dict(_shared_tensors(like.model, model), strict=False)
         self.model = model
         self.registration = reg
         self.example = example
         self.vocab = int(hf_config.vocab_size)
         self.max_position = getattr(hf_config, "max_position_embeddings", None)
+        self._root = Path(root)
+        self._path: Path | None = None
         self._logits: dict[tuple[int, ...], torch.Tensor] = {}
         self._greedy: dict[tuple[int, ...], list[int]] = {}
+        if fp8_block_size(example.config) is not None:
+            _ = self.path  # the reference computes with the dequantized weights of its fp8 checkpoint
+
+    @property
+    def path(self) -> Path:
+        if self._path is None:
+            self._path = self._save()
+        return self._path
+
+    def _save(self) -> Path:
+        reg, example = self.registration, self.example
+        safe = re.sub(r"[^A-Za-z0-9_.=~+-]+", "_", example.name)[:120]
+        path = self._root / f"{reg.architecture}-{safe}"
+        from transformers.utils import logging as hf_logging
+
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            self.model.save_pretrained(str(path))
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        cfg_file = path / "config.json"
+        cfg = json.loads(cfg_file.read_text())
+        cfg["architectures"] = [reg.architecture]  # the engine picks the plugin by this name
+        cfg_file.write_text(json.dumps(cfg, indent=2))
+        block = fp8_block_size(example.config)
+        if block is not None:
+            self.model = write_fp8_checkpoint(path, reference_class(reg), block)
+        return path
+
+    def remove(self) -> None:
+        """Delete the checkpoint (derived examples are many; their directories need not stay)."""
+        if self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
 
     def _forward(self, seq: list[int]) -> torch.Tensor:
         ids = torch.tensor([seq], dtype=torch.long)
@@ -260,6 +337,10 @@ def step_until(engine: Any, outputs: dict, cond: Callable[[], bool], max_steps: 
         for o in engine.step():
             if o.req_id in outputs:
                 fail(f"request {o.req_id} finished twice")
+            if getattr(o, "finish_reason", None) == "error":
+                # no check may pass on an output it did not get: the rows recorded before the fault match
+                fail(f"request {o.req_id} finished with finish_reason='error' after {len(o.token_ids)} tokens "
+                     f"(prompt of {len(o.prompt_token_ids)})")
             outputs[o.req_id] = o
     fail(f"condition not reached within {max_steps} steps")
 
@@ -270,10 +351,29 @@ def drain(engine: Any, outputs: dict | None = None) -> dict:
     return outputs
 
 
+def expect_complete(engine: Any, requests: list[tuple[str, list[int], Any]], outputs: dict) -> None:
+    """Each generate request that ignores EOS finished by length with every token it asked
+    for (fewer only where max_model_len ends it)."""
+    limit = getattr(getattr(engine, "config", None), "max_model_len", None)
+    for req_id, prompt, params in requests:
+        n = getattr(params, "max_tokens", None)
+        if req_id not in outputs:
+            fail(f"request {req_id} never finished")
+        if n is None or not getattr(params, "ignore_eos", False):
+            continue
+        want = n if limit is None else min(n, limit - len(prompt))
+        o = outputs[req_id]
+        if len(o.token_ids) != want or o.finish_reason != "length":
+            fail(f"request {req_id} (prompt of {len(prompt)}) finished with {len(o.token_ids)} tokens and "
+                 f"finish_reason={o.finish_reason!r}; it asked for {want} and should end by 'length'")
+
+
 def run(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict:
     for req_id, prompt, params in requests:
         engine.add_request(prompt, params, req_id=req_id)
-    return drain(engine)
+    outputs = drain(engine)
+    expect_complete(engine, requests, outputs)
+    return outputs
 
 
 # ---------------------------------------------------------------------------------

@@ -188,9 +188,10 @@ class ConformanceSession:
             self._tmp = tempfile.mkdtemp(prefix="core-runner-conformance-")
         return Path(self._tmp)
 
-    def scratch_reference(self, reg: Registration, example: Example) -> Reference:
-        """A reference for a derived example (CR-EQ-12/13), not kept: variants are many."""
-        return Reference(reg, example, self.scratch_dir())
+    def scratch_reference(self, reg: Registration, example: Example, like: Reference | None = None) -> Reference:
+        """A reference for a derived example (CR-EQ-12/13), not kept: variants are many.
+        ``like``: the reference whose tensors it shares where names and shapes agree."""
+        return Reference(reg, example, self.scratch_dir(), like=like)
 
     def first_example(self, reg: Registration) -> Example:
         if self.model:
@@ -207,7 +208,8 @@ class ConformanceSession:
             caps[capability] = "supported"
             pm.registry.current_plugin = reg.plugin
             pm.registry.add(reg.architecture, reg.model, reg.model_state, capabilities=caps,
-                            reference=reg.reference, examples=reg.examples, tasks=reg.tasks)
+                            reference=reg.reference, examples=reg.examples, tasks=reg.tasks,
+                            accepted_config=reg.accepted_config)
             pm.registry.current_plugin = "<direct>"
             self._forcing[key] = pm
         return self._forcing[key]
@@ -294,16 +296,20 @@ class ConformanceSession:
 
 
 def _failure_message(report: pytest.TestReport) -> str:
-    """The end of the failure text, plus Hypothesis' minimal failing example wherever it
-    sits (a long traceback can push it out of the tail)."""
+    """What the check said first (the exception's own message: captured logs of a step
+    fault must not push it out), then the end of the failure text, plus Hypothesis'
+    minimal failing example wherever it sits (a long traceback can push it out of the tail)."""
     text = report.longreprtext
     for _, content in report.sections:
         text += "\n" + content
+    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None) or ""
+    crash = crash[:4000]
     # the header Hypothesis prints before the minimal steps (it changed wording across versions)
     i = max(text.find("Falsifying example"), text.find("Failing test case"))
     if i < 0 or i >= len(text) - 3000:
-        return text[-3000:]
-    return text[i: i + 2500] + "\n...\n" + text[-1500:]
+        tail = text[-3000:]
+        return tail if not crash or crash[:200] in tail else crash + "\n...\n" + tail[-1500:]
+    return (crash + "\n...\n" if crash else "") + text[i: i + 2500] + "\n...\n" + text[-1500:]
 
 
 def _record(case: Case) -> dict:

@@ -36,7 +36,7 @@ from core_runner.loader import (
     resolve_model,
     resolve_tokenizer,
 )
-from core_runner.oracle import check_quantization, plan_execution
+from core_runner.oracle import check_config, check_quantization, plan_execution
 from core_runner.plugins import PluginManager, load_plugins
 from core_runner.pooling_params import PoolingParams
 from core_runner.runner.model_runner import ModelRunner
@@ -88,6 +88,7 @@ class LLMEngine:
         self.registration = self.plugins.registry.get(self.architecture)
         self.plan = plan_execution(config, self.registration)
         check_quantization(self.hf_config, self.registration)  # before any weight is read
+        check_config(self.hf_config, self.registration)
         max_pos = getattr(self.hf_config, "max_position_embeddings", None)
         if max_pos is not None and config.max_model_len > max_pos:
             raise ValueError(

@@ -32,7 +32,7 @@ from core_runner.layers.linear import (
 )
 from core_runner.layers.mamba2 import DepthwiseConv1d, GatedRMSNorm, Mamba2Mixer
 from core_runner.layers.mla import MLAAttention
-from core_runner.layers.moe_routing import grouped_topk_v2, grouped_topk_v3, softmax_topk
+from core_runner.layers.moe_routing import check_expert_groups, grouped_topk_v2, grouped_topk_v3, softmax_topk
 from core_runner.layers.norm import RMSNorm
 from core_runner.layers.rope_config import (
     cos_sin_of,
@@ -51,7 +51,8 @@ __all__ = [
     "tensor_model_parallel_all_reduce", "VocabParallelEmbedding",
     "Attention", "cos_sin_of", "default_inv_freq", "default_weight_loader", "DepthwiseConv1d",
     "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GatedRMSNorm", "GELU", "gelu_from_name", "get_rope",
-    "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer", "MergedLinear",
+    "check_expert_groups", "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer",
+    "MergedLinear",
     "MLAAttention", "QKVLinear", "RMSNorm", "rope_cos_sin_table", "rope_parameters_of", "rope_theta_of",
     "RotaryEmbedding", "SiluAndMul", "softmax_topk", "VocabEmbedding", "yarn_get_mscale", "yarn_softmax_scale",
 ]

@@ -41,7 +41,10 @@ def _group_mask(choice: torch.Tensor, group_scores: torch.Tensor, topk_group: in
     return keep.unsqueeze(-1).expand(num_tokens, num_groups, per_group).reshape(num_tokens, -1)
 
 
-def _check_groups(num_experts: int, n_group: int | None, topk_group: int | None) -> tuple[int, int]:
+def check_expert_groups(num_experts: int, n_group: int | None, topk_group: int | None) -> tuple[int, int]:
+    """(n_group, topk_group) when they describe a grouping of ``num_experts``; a ValueError
+    naming the field otherwise (a model calls it at construction, so a config that cannot
+    route is refused before any request runs)."""
     if not n_group or not topk_group:
         raise ValueError(f"grouped routing needs n_group and topk_group (got {n_group}, {topk_group})")
     if num_experts % n_group:
@@ -62,7 +65,7 @@ def grouped_topk_v2(
     scores = router_logits.float().softmax(dim=-1)
     if topk_method == "group_limited_greedy":
         num_experts = scores.shape[-1]
-        n_group, topk_group = _check_groups(num_experts, n_group, topk_group)
+        n_group, topk_group = check_expert_groups(num_experts, n_group, topk_group)
         group_scores = scores.view(scores.shape[0], n_group, -1).amax(dim=-1)
         scores = scores.masked_fill(~_group_mask(scores, group_scores, topk_group), 0.0)
     elif topk_method != "greedy":
@@ -81,7 +84,7 @@ def grouped_topk_v3(
     Returns (weights [T, top_k] float32, ids int32)."""
     scores = router_logits.float().sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias.float()
-    n_group, topk_group = _check_groups(scores.shape[-1], n_group, topk_group)
+    n_group, topk_group = check_expert_groups(scores.shape[-1], n_group, topk_group)
     grouped = choice.view(choice.shape[0], n_group, -1)
     if grouped.shape[-1] < 2:
         raise ValueError("DeepSeek-V3 group routing ranks groups by their top-2 sum: needs >= 2 experts per group")

@@ -24,13 +24,14 @@ def register(registry, model: str, model_state: str, **capabilities: str) -> Non
     )
 
 
-def register_qwen3(registry, model: str) -> None:
-    """Qwen3ForCausalLM as the Qwen3 plugin registers it, with one tiny example, built by ``model``."""
-    from core_runner_qwen3.hooks import CAPABILITIES, TINY
+def register_qwen3(registry, model: str, declare_limits: bool = True) -> None:
+    """Qwen3ForCausalLM as the Qwen3 plugin registers it, with one tiny example, built by
+    ``model``; ``declare_limits=False`` leaves out the plugin's ``accepted_config``."""
+    from core_runner_qwen3.hooks import ACCEPTED_CONFIG, CAPABILITIES, TINY
 
     registry.add(
         architecture="Qwen3ForCausalLM", model=model, model_state=DEFAULT_STATE, capabilities=CAPABILITIES,
-        reference="transformers:Qwen3ForCausalLM",
+        reference="transformers:Qwen3ForCausalLM", accepted_config=ACCEPTED_CONFIG if declare_limits else None,
         examples=[{"name": "tiny", "config": {**TINY, "tie_word_embeddings": False}}],
     )
 

@@ -51,3 +51,13 @@ class RopeCutAt2048(Qwen3ForCausalLM):
             attn.rotary_emb = CutRotary(attn.head_dim, attn.head_dim, config.max_position_embeddings,
                                         rope_theta_of(config))
 
+
+
+class FailsPast2048(Qwen3ForCausalLM):
+    """Raises on positions past 2,048 (a kernel's bound check): its requests there end with
+    finish_reason "error" and no token, while the logits recorded before the fault match."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor):
+        if bool((positions >= 2048).any()):
+            raise RuntimeError("position past 2048")
+        return super().forward(input_ids, positions)

@@ -51,7 +51,7 @@ from core_runner.layers import (
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.linear import default_weight_loader
 from core_runner.layers.mla import MLAAttention
-from core_runner.layers.moe_routing import grouped_topk_v2, grouped_topk_v3
+from core_runner.layers.moe_routing import check_expert_groups, grouped_topk_v2, grouped_topk_v3
 
 
 class DeepseekMLA(nn.Module):
@@ -148,6 +148,8 @@ class DeepseekMoE(nn.Module):
                                  "expected 'greedy' or 'group_limited_greedy'")
         else:
             self.norm_topk_prob = bool(getattr(config, "norm_topk_prob", True))
+        if version == 3 or self.topk_method == "group_limited_greedy":
+            check_expert_groups(self.num_experts, self.n_group, self.topk_group)
         self.gate = DeepseekRouter(self.num_experts, config.hidden_size, with_bias=version == 3)
         # both return this rank's partial sum; forward reduces them together, once
         self.experts = FusedMoE(self.num_experts, config.hidden_size, config.moe_intermediate_size,

@@ -65,6 +65,8 @@ def register_models(registry):
         model="core_runner_pooling.qwen3_embed:Qwen3EmbeddingModel",
         model_state=STATE,
         capabilities=QWEN3_EMBED_CAPABILITIES,
+        # the Qwen3 layers it reuses: full attention, SiLU-gated MLPs
+        accepted_config={"use_sliding_window": [False], "hidden_act": ["silu"]},
         reference="transformers:Qwen3Model",
         tasks=("embed",),
         examples=[{"name": "tiny-qwen3-embed", "config": TINY_QWEN3},

@@ -22,8 +22,6 @@ class Qwen3EmbeddingModel(Qwen3Model):
     ignored_weight_patterns = (r"rotary_emb\.inv_freq", r"^lm_head\.weight$")
 
     def __init__(self, config: Any) -> None:
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError("use_sliding_window=True is not supported by the Qwen3 embedding model")
         super().__init__(config)
         self.hidden_size = int(config.hidden_size)
 

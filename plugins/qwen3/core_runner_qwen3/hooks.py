@@ -14,6 +14,8 @@ CAPABILITIES = {
     "speculative_decoding": "supported",
 }
 MOE_CAPABILITIES = {**CAPABILITIES, "expert_parallel": "supported"}
+# what the layers implement: no sliding-window attention, SiLU-gated MLPs only
+ACCEPTED_CONFIG = {"use_sliding_window": [False], "hidden_act": ["silu"]}
 
 TINY = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -50,6 +52,7 @@ def register_models(registry):
         model="core_runner_qwen3.model:Qwen3ForCausalLM",
         model_state="model_states.default:DefaultModelState",
         capabilities=CAPABILITIES,
+        accepted_config=ACCEPTED_CONFIG,
         reference="transformers:Qwen3ForCausalLM",
         examples=[
             {"name": "tiny-untied", "config": {**TINY, "tie_word_embeddings": False}},
@@ -62,6 +65,7 @@ def register_models(registry):
         model="core_runner_qwen3.model_moe:Qwen3MoeForCausalLM",
         model_state="model_states.default:DefaultModelState",
         capabilities=MOE_CAPABILITIES,
+        accepted_config=ACCEPTED_CONFIG,
         reference="transformers:Qwen3MoeForCausalLM",
         examples=[{"name": "tiny-moe", "config": TINY_MOE}, {"name": "qwen3-30b-a3b-shape", "config": QWEN3_30B_A3B}],
     )

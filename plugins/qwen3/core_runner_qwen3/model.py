@@ -187,10 +187,6 @@ class Qwen3ForCausalLM(AuxHiddenStates, nn.Module):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
-        if getattr(config, "use_sliding_window", False):
-            raise ValueError("use_sliding_window=True is not supported by core-runner-qwen3")
-        if (getattr(config, "hidden_act", "silu") or "silu") != "silu":
-            raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
         self.model = Qwen3Model(config)
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
