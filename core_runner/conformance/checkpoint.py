@@ -40,7 +40,7 @@ class CheckpointReference(Reference):
         finally:
             if bars:
                 hf_logging.enable_progress_bar()
-        self.path = Path(path)
+        self._path = Path(path)  # saved already: ``path`` returns it
         self.registration = reg
         self.example = Example("checkpoint", {})
         self.vocab = int(self.model.config.vocab_size)
