@@ -54,7 +54,9 @@ def test_wrong_embeddings_fail_cr_eq_10():
     checks_by_id = _by_id(report)
     assert checks_by_id["CR-EQ-10"]["outcome"] == "failed", report["checks"]
     assert "embedding differs" in checks_by_id["CR-EQ-10"]["message"]
-    assert checks_by_id["CR-EQ-11"]["outcome"] == "passed"  # consistent, just wrong
+    # consistent across schedules, but CR-EQ-11 compares with the reference too
+    assert checks_by_id["CR-EQ-11"]["outcome"] == "failed", report["checks"]
+    assert "differs from the reference" in checks_by_id["CR-EQ-11"]["message"]
 
 
 def test_state_machine_finds_a_stale_row_and_prints_the_steps():

@@ -98,12 +98,16 @@ CHECKS: tuple[Check, ...] = (
        "hybrid model this is the check that its recurrent state is right on a hit.",
        capability="prefix_caching", task=None),
     _c("CR-EQ-10", "example", f"{_P}:embeddings_match_reference",
-       "Embeddings equal the reference class's final hidden states pooled the same way (every pooling type "
-       "the model accepts, raw and L2-normalised) within 1e-4, for prompts of mixed lengths in one batch.",
-       task="embed"),
+       "Embeddings equal the reference class's final hidden states pooled the same way within 1e-4, for every "
+       "pooling type the model accepts, raw and L2-normalised, over prompts of mixed lengths in one batch, and in "
+       "one batch mixing every type and both normalisations across its prompts; every request finishes normally "
+       "with one vector of the hidden size.", task="embed"),
     _c("CR-EQ-11", "example", f"{_P}:embedding_independent_of_batch_row_and_chunks",
-       "A prompt's embedding does not depend on its batch, its row (reused after other requests) or, with "
-       "chunked prefill, on how the prompt is split into chunks (within 1e-5).", task="embed"),
+       "Every accepted pooling type gives the reference's embedding (1e-4) and the same one as in a single "
+       "unchunked step (1e-5): alone, in a batch and in reversed order; with chunked prefill, at step budgets of 5 "
+       "and 7 tokens that put chunk ends inside every prompt, types mixed in the batch; and in rows freed by "
+       "longer earlier requests (chunked where supported); every request finishes normally with one vector of the "
+       "hidden size.", task="embed"),
     _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
        "Field sensitivity: every field of the reference config (numbers, bools, strings with the values the "
        "reference's source compares them with, lists of layer kinds or indices, nested RoPE parameters and kinds, "

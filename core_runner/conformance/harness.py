@@ -392,6 +392,7 @@ class Ctx:
     metrics: dict = field(default_factory=lambda: {"max_logit_error": None, "first_divergent_token": None,
                                                    "notes": []})
     reference: Reference | None = None  # set: this reference instead of the session's for the example
+    diagnose: bool = True  # a failure against the reference names the first diverging module
 
     @property
     def tolerance(self) -> Tolerance:
@@ -484,7 +485,8 @@ class Ctx:
                 return
             self._divergence(where, k, a, b, gap)
             fail(f"{where}: output token {k} is {a}, the reference's greedy token is {b} "
-                 f"(reference logit gap {gap:.3g}); engine {got}, reference {want}")
+                 f"(reference logit gap {gap:.3g}); engine {got}, reference {want}"
+                 + self.diagnosis(list(prompt) + list(got[:k])))
 
     def _divergence(self, where: str, index: int, got: int, want: int, gap: float | None = None) -> None:
         if self.metrics["first_divergent_token"] is None:
@@ -495,6 +497,7 @@ class Ctx:
         """Every recorded logits row of every request equals the reference's at the same
         position. All rows are compared (the report gets the maximum error) before failing."""
         worst: tuple[float, str] = (-1.0, "")
+        worst_seq: list[int] = []
         checked = 0
         tol = self.tolerance
         for req_id, out in outputs.items():
@@ -506,11 +509,26 @@ class Ctx:
             for pos, lg in entries:
                 err = tol.error(lg, ref[pos])
                 if err > worst[0]:
-                    worst = (err, f"{req_id} position {pos}")
+                    worst, worst_seq = (err, f"{req_id} position {pos}"), seq[:pos + 1]
                 checked += 1
         prev = self.metrics["max_logit_error"]
         self.metrics["max_logit_error"] = worst[0] if prev is None else max(prev, worst[0])
         if not worst[0] <= tol.limit:
             fail(f"logits differ from the reference: {tol.measure} {worst[0]:.3g} > {tol.limit:g} (worst: "
-                 f"{worst[1]}; {checked} rows compared, engine dtype {tol.dtype})")
+                 f"{worst[1]}; {checked} rows compared, engine dtype {tol.dtype})" + self.diagnosis(worst_seq))
         return checked
+
+    def diagnosis(self, seq: list[int]) -> str:
+        """For a failure message: which module first diverges from the reference on ``seq``
+        run alone in one prefill (``conformance/diagnose.py``); only ever called on a failure."""
+        if not self.diagnose or not seq:
+            return ""
+        from core_runner.conformance.diagnose import MAX_TOKENS, explain
+
+        longest = self.max_model_len(MAX_TOKENS + 1)
+
+        def build(max_len: int) -> Any:
+            mml = self.max_model_len(max(max_len, 64))
+            return self.engine(max_model_len=mml, max_num_seqs=1, max_num_batched_tokens=mml)
+
+        return "\n" + explain(self.ref, build, list(seq)[:longest - 1])

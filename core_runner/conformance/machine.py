@@ -21,6 +21,7 @@ def random_lifecycles(ctx: Ctx) -> None:
     from hypothesis import strategies as st
     from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
+    ctx.diagnose = False  # Hypothesis replays a failure many times while it shrinks it
     mml = ctx.max_model_len(MAX_MODEL_LEN)
     lengths = [min(n, mml - 1) for n in PROMPT_LENGTHS]
     prompts = ctx.ref.prompts(lengths, seed=101)

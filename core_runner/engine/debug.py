@@ -140,6 +140,13 @@ class EngineDebug:
         return self._engine.runner.sampling.host_state()
 
     @property
+    def model(self) -> torch.nn.Module:
+        """The plugin's model as rank 0's runner runs it: its module tree follows the
+        checkpoint's names (``model.layers.0.mlp``, ...). For inspection only, such as
+        forward hooks; they fire on eager steps (a CUDA graph replay runs no module)."""
+        return self._engine.runner.model
+
+    @property
     def num_rows(self) -> int:
         return self._engine.runner.req_state.num_rows
 

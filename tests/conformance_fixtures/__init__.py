@@ -49,3 +49,15 @@ def register_granite(registry, **capabilities: str) -> None:
         examples=[{"name": "tiny-dense-nope", "config": {**TINY, "num_local_experts": 0,
                                                          "position_embedding_type": None}}],
     )
+
+
+def register_qwen3_embed(registry, model_state: str) -> None:
+    """The pooling plugin's Qwen3 embedding model (chunked prefill supported) with one tiny
+    example, served by ``model_state``."""
+    from core_runner_pooling.hooks import QWEN3_EMBED_CAPABILITIES, TINY_QWEN3
+
+    registry.add(
+        architecture="Qwen3Model", model="core_runner_pooling.qwen3_embed:Qwen3EmbeddingModel",
+        model_state=model_state, capabilities=QWEN3_EMBED_CAPABILITIES, reference="transformers:Qwen3Model",
+        tasks=("embed",), examples=[{"name": "tiny-qwen3-embed", "config": dict(TINY_QWEN3)}],
+    )
