@@ -2,7 +2,12 @@
 examples/plugin_template) with one bug, and tests/test_conformance_fixtures.py checks
 that the conformance suite reports it under the right check id. ``offsets.py`` holds
 the models and states they share; the correct state (``good_offsets``) passes the
-checks the broken ones fail."""
+checks the broken ones fail.
+
+The planted-bug corpus (``corpus.py``: ``dense_*``, ``moe_*``, ``mla_*``, ``hybrid_*``,
+``pooling_*`` with their ``*_bugs.py`` and one ``control_*`` per family) registers the real
+plugins' architectures as they register them, each with one realistic bug;
+tests/test_conformance_corpus.py says which check must catch each one."""
 from __future__ import annotations
 
 TINY = dict(

@@ -1,0 +1,8 @@
+"""Broken: Qwen3-MoE routes as Mixtral does (softmax over the chosen logits), ignoring norm_topk_prob."""
+from conformance_fixtures.corpus import MOE, MOE_BUGS, register_as_plugin
+from core_runner import hookimpl
+
+
+@hookimpl
+def register_models(registry):
+    register_as_plugin(registry, "Qwen3MoeForCausalLM", MOE, model=MOE_BUGS + "NormTopkProbIgnored")
