@@ -5,11 +5,11 @@ every bug the suite, run on a few checks, must fail one of them with a message t
 names the field or the module at fault; the family's control (the real plugin, registered
 the same way) passes the same checks.
 
-Most of these bugs survive the suite as it stands, which is the point: the registered
-examples never move the field off one value, a buffer stays at its init value, or no
-chunk boundary falls where the bug bites. Those cases are strict xfails whose reason says
-what the suite needs in order to catch them; remove a mark when the stronger suite makes
-its case pass (a strict xfail that passes fails this file)."""
+Every one of these bugs passes CR-EQ-01 on the registered examples: they never move the
+field off one value, a buffer stays at its init value, or no chunk boundary falls where
+the bug bites. The suite catches them by field sensitivity (CR-EQ-12), reference weights
+that leave no tensor at its init value, the first-diverging-module diagnosis and the
+chunked pooling checks."""
 from __future__ import annotations
 
 import importlib
@@ -29,15 +29,6 @@ FAILING = ("failed", "error", "xpassed (strict xfail: fails the run)")
 GENERATE = ("CR-EQ-01", "CR-EQ-12")
 EMBED = ("CR-EQ-10", "CR-EQ-11")
 BERT = ("CR-EQ-10", "CR-EQ-12")
-# why the current suite misses a bug (the xfail reasons)
-FIELD = "caught once CR-EQ-12 moves {} off the examples' value"
-MODULE = "CR-EQ-01 fails, but names no module: caught once the suite reports the first diverging module"
-BUFFER = "the reference's e_score_correction_bias is a zero buffer: caught once the suite randomises buffers " \
-         "and reports the first diverging module"
-EMBED_FIELD = "CR-EQ-12 is not generated for embedding registrations: caught once it is and moves {}"
-POOL_NAME = "CR-EQ-11 fails, but does not name the pooling type: caught once the chunked pooling checks do"
-
-
 @dataclass(frozen=True)
 class Bug:
     fixture: str  # tests/conformance_fixtures/<fixture>.py registers the broken architecture
@@ -45,64 +36,51 @@ class Bug:
     checks: tuple[str, ...]  # what the suite runs for it
     culprit: str  # the check expected to catch it once the suite is strong
     evidence: tuple[tuple[str, ...], ...]  # a failing message holds one word of every group
-    missed: str | None = None  # why the current suite misses it: a temporary strict xfail
 
     def named_by(self, message: str | None) -> bool:
         return bool(message) and all(any(w in message for w in group) for group in self.evidence)
 
     def param(self):
-        marks = [pytest.mark.xfail(strict=True, reason=self.missed)] if self.missed else []
-        return pytest.param(self, id=self.fixture, marks=marks)
+        return pytest.param(self, id=self.fixture)
 
 
 BUGS = [
     # dense: Qwen3 (tiny-untied) and the Llama template (tiny-llama3-rope)
     Bug("dense_rope_scaling_ignored", "dense", GENERATE, "CR-EQ-12",
-        (("rope_type", "rope_scaling", "rope_parameters.factor"),), FIELD.format("the rope scaling type")),
+        (("rope_type", "rope_scaling", "rope_parameters.factor"),)),
     Bug("dense_qk_norm_eps", "dense", GENERATE, "CR-EQ-12", (("rms_norm_eps",),)),
     Bug("dense_attention_bias_ignored", "dense", GENERATE, "CR-EQ-12", (("attention_bias",),)),
-    Bug("dense_llama3_bands", "dense", GENERATE, "CR-EQ-12", (("low_freq_factor", "high_freq_factor"),),
-        FIELD.format("rope_parameters.low_freq_factor / high_freq_factor")),
+    Bug("dense_llama3_bands", "dense", GENERATE, "CR-EQ-12", (("low_freq_factor", "high_freq_factor"),)),
     Bug("dense_activation_assumed", "dense", GENERATE, "CR-EQ-12", (("hidden_act",),)),
     # MoE: Qwen3-MoE (tiny-moe)
-    Bug("moe_norm_topk_ignored", "moe", GENERATE, "CR-EQ-12", (("norm_topk_prob",),),
-        FIELD.format("norm_topk_prob")),
-    Bug("moe_sparse_step_off_by_one", "moe", GENERATE, "CR-EQ-12", (("decoder_sparse_step",),),
-        FIELD.format("decoder_sparse_step")),
+    Bug("moe_norm_topk_ignored", "moe", GENERATE, "CR-EQ-12", (("norm_topk_prob",),)),
+    Bug("moe_sparse_step_off_by_one", "moe", GENERATE, "CR-EQ-12", (("decoder_sparse_step",),)),
     Bug("moe_mlp_only_layers_ignored", "moe", ("CR-EQ-01",), "CR-EQ-01", (("layers.1.mlp", "mlp_only_layers"),)),
     Bug("moe_tie_ignored", "moe", GENERATE, "CR-EQ-12", (("tie_word_embeddings",),)),
-    Bug("moe_expert_gate_up_swapped", "moe", ("CR-EQ-01",), "CR-EQ-01", (("layers.0.mlp",),), MODULE),
+    Bug("moe_expert_gate_up_swapped", "moe", ("CR-EQ-01",), "CR-EQ-01", (("layers.0.mlp",),)),
     # MLA: DeepSeek-V3 (tiny), DeepSeek-V2 (deepseek-v2-lite-shape)
     Bug("mla_correction_bias_ignored", "mla", ("CR-EQ-01",), "CR-EQ-01",
-        (("e_score_correction_bias", "layers.1.mlp"),), BUFFER),
+        (("e_score_correction_bias", "layers.1.mlp"),)),
     Bug("mla_correction_bias_in_weights", "mla", ("CR-EQ-01",), "CR-EQ-01",
-        (("e_score_correction_bias", "layers.1.mlp"),), BUFFER),
-    Bug("mla_norm_topk_ignored", "mla", GENERATE, "CR-EQ-12", (("norm_topk_prob",),), FIELD.format("norm_topk_prob")),
-    Bug("mla_shared_experts_assumed", "mla", GENERATE, "CR-EQ-12", (("n_shared_experts",),),
-        FIELD.format("n_shared_experts")),
-    Bug("mla_rope_interleave_ignored", "mla", GENERATE, "CR-EQ-12", (("rope_interleave",),),
-        FIELD.format("rope_interleave")),
-    Bug("mla_mscale_swapped", "mla", GENERATE, "CR-EQ-12", (("mscale",),),
-        FIELD.format("rope_parameters.mscale / mscale_all_dim")),
-    Bug("mla_scaling_on_shared", "mla", ("CR-EQ-01",), "CR-EQ-01", (("layers.1.mlp",),), MODULE),
+        (("e_score_correction_bias", "layers.1.mlp"),)),
+    Bug("mla_norm_topk_ignored", "mla", GENERATE, "CR-EQ-12", (("norm_topk_prob",),)),
+    Bug("mla_shared_experts_assumed", "mla", GENERATE, "CR-EQ-12", (("n_shared_experts",),)),
+    Bug("mla_rope_interleave_ignored", "mla", GENERATE, "CR-EQ-12", (("rope_interleave",),)),
+    Bug("mla_mscale_swapped", "mla", GENERATE, "CR-EQ-12", (("mscale",),)),
+    Bug("mla_scaling_on_shared", "mla", ("CR-EQ-01",), "CR-EQ-01", (("layers.1.mlp",),)),
     # Mamba hybrid: Granite (tiny-dense-nope)
-    Bug("hybrid_norm_groups_ignored", "hybrid", GENERATE, "CR-EQ-12", (("mamba_n_groups",),),
-        FIELD.format("mamba_n_groups")),
-    Bug("hybrid_time_step_limit_ignored", "hybrid", GENERATE, "CR-EQ-12", (("time_step_limit",),),
-        FIELD.format("time_step_limit")),
+    Bug("hybrid_norm_groups_ignored", "hybrid", GENERATE, "CR-EQ-12", (("mamba_n_groups",),)),
+    Bug("hybrid_time_step_limit_ignored", "hybrid", GENERATE, "CR-EQ-12", (("time_step_limit",),)),
     Bug("hybrid_conv_bias_flag", "hybrid", ("CR-EQ-01",), "CR-EQ-01", (("conv1d.bias", "mamba_conv_bias"),)),
-    Bug("hybrid_layout_hardcoded", "hybrid", GENERATE, "CR-EQ-12", (("layer_types",),), FIELD.format("layer_types")),
-    Bug("hybrid_conv_width_hardcoded", "hybrid", GENERATE, "CR-EQ-12", (("mamba_d_conv",),),
-        FIELD.format("mamba_d_conv")),
+    Bug("hybrid_layout_hardcoded", "hybrid", GENERATE, "CR-EQ-12", (("layer_types",),)),
+    Bug("hybrid_conv_width_hardcoded", "hybrid", GENERATE, "CR-EQ-12", (("mamba_d_conv",),)),
     # pooling: Qwen3 embedding (tiny-qwen3-embed), BERT (tiny-bert)
-    Bug("pooling_mean_last_chunk", "pooling", EMBED, "CR-EQ-11", (("mean",), ("chunk",)), POOL_NAME),
-    Bug("pooling_cls_last_chunk", "pooling", EMBED, "CR-EQ-11", (("cls",), ("chunk",)),
-        "CR-EQ-11 chunks prompts for the first accepted pooling type (mean) only: caught once the chunked "
-        "pooling checks cover every type"),
-    Bug("pooling_stale_accumulator", "pooling", EMBED, "CR-EQ-11", (("mean",), ("chunk", "row")), POOL_NAME),
+    Bug("pooling_mean_last_chunk", "pooling", EMBED, "CR-EQ-11", (("mean",), ("chunk",))),
+    Bug("pooling_cls_last_chunk", "pooling", EMBED, "CR-EQ-11", (("cls",), ("chunk",))),
+    Bug("pooling_stale_accumulator", "pooling", EMBED, "CR-EQ-11", (("mean",), ("chunk", "row"))),
     Bug("pooling_normalize_stale", "pooling", EMBED, "CR-EQ-10", (("normalize",),)),
-    Bug("pooling_bert_eps", "pooling", BERT, "CR-EQ-12", (("layer_norm_eps",),), EMBED_FIELD.format("layer_norm_eps")),
-    Bug("pooling_bert_gelu", "pooling", BERT, "CR-EQ-12", (("hidden_act",),), EMBED_FIELD.format("hidden_act")),
+    Bug("pooling_bert_eps", "pooling", BERT, "CR-EQ-12", (("layer_norm_eps",),)),
+    Bug("pooling_bert_gelu", "pooling", BERT, "CR-EQ-12", (("hidden_act",),)),
 ]
 
 # control fixture -> the checks its family's bugs run (the real plugins pass them all)

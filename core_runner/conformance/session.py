@@ -302,13 +302,14 @@ def _failure_message(report: pytest.TestReport) -> str:
     text = report.longreprtext
     for _, content in report.sections:
         text += "\n" + content
-    crash = getattr(getattr(report.longrepr, "reprcrash", None), "message", None) or ""
+    # a check's own failure (CheckFailure) is reported as a plain string by SuiteItem.repr_failure
+    own = report.longrepr if isinstance(report.longrepr, str) else None
+    crash = own or getattr(getattr(report.longrepr, "reprcrash", None), "message", None) or ""
     crash = crash[:4000]
     # the header Hypothesis prints before the minimal steps (it changed wording across versions)
     i = max(text.find("Falsifying example"), text.find("Failing test case"))
     if i < 0 or i >= len(text) - 3000:
-        tail = text[-3000:]
-        return tail if not crash or crash[:200] in tail else crash + "\n...\n" + tail[-1500:]
+        return crash + "\n...\n" + text[-1500:] if crash else text[-3000:]
     return (crash + "\n...\n" if crash else "") + text[i: i + 2500] + "\n...\n" + text[-1500:]
 
 
