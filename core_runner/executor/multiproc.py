@@ -61,9 +61,11 @@ class _Workers:
         self.closing = False  # set by shutdown: exits from then on are expected
 
     def start(self, ranks: list[tuple[int, int]], world_size: int, init_method: str, backend: str,
-              preload: list[str] = ()) -> None:
+              preload: list[str] = (), threads: int | None = None) -> None:
+        """``threads``: each worker's intra-op count (the driver's choice); None shares the
+        node's CPUs between these ranks and one more."""
         ctx = _context(list(preload))
-        threads = max(1, (os.cpu_count() or 1) // max(1, len(ranks) + 1))
+        threads = threads or max(1, (os.cpu_count() or 1) // max(1, len(ranks) + 1))
         for rank, local_rank in ranks:
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=worker_main, name=f"core-runner-tp-rank{rank}", daemon=True,
@@ -161,15 +163,17 @@ class MultiprocRunner:
 
     @classmethod
     def start(cls, world_size: int, nnodes: int, master_addr: str, master_port: int | None, device: str,
-              expert_parallel: bool, timeout_s: float, preload: list[str] = ()) -> "MultiprocRunner":
+              expert_parallel: bool, timeout_s: float, preload: list[str] = (),
+              threads: int | None = None) -> "MultiprocRunner":
         """Start node 0's workers and join the group as rank 0 (``preload``: modules the
-        workers will import, e.g. the model config's, imported once by the forkserver)."""
+        workers will import, e.g. the model config's, imported once by the forkserver;
+        ``threads``: each worker's intra-op thread count, None for a share of the node)."""
         per_node = world_size // nnodes
         port = master_port or free_port(master_addr)
         init_method = f"tcp://{master_addr}:{port}"
         backend = "nccl" if device.startswith("cuda") else "gloo"
         workers = _Workers()
-        workers.start([(r, r) for r in range(1, per_node)], world_size, init_method, backend, preload)
+        workers.start([(r, r) for r in range(1, per_node)], world_size, init_method, backend, preload, threads)
         group = _join(workers, world_size, init_method, backend, timeout_s)
         group.expert_parallel = expert_parallel
         set_tp_group(GroupCoordinator())  # the group is entered by the runner only, not process-wide
