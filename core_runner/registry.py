@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core_runner.sdk_version import check_sdk_range
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -67,6 +69,7 @@ class Registration:
     capabilities: dict[str, Capability]
     reference: str | None = None
     examples: tuple[dict, ...] = ()
+    sdk_version: str | None = None  # the SDK range the plugin declared (core_runner.sdk_version)
     plugin: str = "<direct>"
     tasks: tuple[str, ...] = ("generate",)
 
@@ -133,11 +136,13 @@ class Registry:
     def restore(self, snapshot: tuple[dict, dict]) -> None:
         self._regs, self._drafts = dict(snapshot[0]), dict(snapshot[1])
 
-    def add_draft(self, architecture: str, method: str, model: str, *, override: bool = False) -> None:
+    def add_draft(self, architecture: str, method: str, model: str, *, override: bool = False,
+                  sdk_version: str | None = None) -> None:
         """Register a draft model for ``method`` ("mtp", "eagle" or "eagle3", see
         ``DraftRegistration``). A duplicate is an error unless ``override=True``."""
         from core_runner.speculative_config import DRAFT_METHODS
 
+        check_sdk_range(sdk_version, self.current_plugin, f"{method} draft of {architecture}")
         if method not in DRAFT_METHODS:
             raise ValueError(f"draft method {method!r} of {architecture} is unknown: expected one of {DRAFT_METHODS}")
         key = (architecture, method)
@@ -163,8 +168,11 @@ class Registry:
         self, architecture: str, model: str, model_state: str, *, capabilities: dict | None = None,
         reference: str | None = None, examples: list | tuple = (), tasks: tuple[str, ...] = ("generate",),
         override: bool = False,
+        sdk_version: str | None = None,
     ) -> None:
         """Register an architecture. A duplicate is an error unless ``override=True``."""
+        # sdk_version: the core_runner.sdk range the plugin needs (">=1.0,<2"); refused if it excludes this SDK
+        check_sdk_range(sdk_version, self.current_plugin, f"architecture {architecture}")
         if architecture in self._regs and not override:
             prev = self._regs[architecture]
             raise ValueError(
@@ -180,6 +188,7 @@ class Registry:
             architecture=architecture, model=_check_lazy("model", model),
             model_state=_check_lazy("model_state", model_state), capabilities=caps,
             reference=reference, examples=tuple(examples), plugin=self.current_plugin, tasks=tuple(tasks),
+            sdk_version=sdk_version,
         )
 
     def architectures(self) -> list[str]:
