@@ -187,6 +187,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 def cmd_plugins(a: argparse.Namespace) -> int:
     from core_runner.plugins import load_plugins
+    from core_runner.sdk_version import SDK_VERSION
 
     pm = load_plugins()
     rows = []
@@ -194,16 +195,18 @@ def cmd_plugins(a: argparse.Namespace) -> int:
         for reg in pm.registry.by_plugin(name):
             caps = {k: (c.state if not c.reason else f"{c.state}: {c.reason}") for k, c in reg.capabilities.items()}
             rows.append({"plugin": name, "version": info["version"], "architecture": reg.architecture,
-                         "tasks": list(reg.tasks), "reference": reg.reference, "capabilities": caps})
+                         "tasks": list(reg.tasks), "reference": reg.reference, "sdk_version": reg.sdk_version,
+                         "capabilities": caps})
     failed = [{"plugin": name, "error": err} for name, err in sorted(pm.failures.items())]
     if a.json:
         print(json.dumps(rows + [dict(f, architecture=None, failed=True) for f in failed], indent=2))
         return 1 if failed else 0
     if not rows and not failed:
         print("no core-runner plugins installed (entry-point group 'core_runner')")
+    print(f"# core_runner.sdk {SDK_VERSION}: each plugin's sdk= range must accept it")
     for r in rows:
         print(f"{r['plugin']} {r['version']}: {r['architecture']} tasks={','.join(r['tasks'])} "
-              f"reference={r['reference']}")
+              f"reference={r['reference']} sdk={r['sdk_version'] or 'undeclared'}")
         for k, v in sorted(r["capabilities"].items()):
             print(f"    {k:<18} {v}")
     for f in failed:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core_runner.sdk_version import check_sdk_range
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
@@ -68,6 +70,7 @@ class Registration:
     capabilities: dict[str, Capability]
     reference: str | None = None
     examples: tuple[dict, ...] = ()
+    sdk_version: str | None = None  # the SDK range the plugin declared (core_runner.sdk_version)
     plugin: str = "<direct>"
     tasks: tuple[str, ...] = ("generate",)
     # dotted config field -> the values the plugin implements (``accepted_config``): a config
@@ -149,11 +152,13 @@ class Registry:
     def restore(self, snapshot: tuple[dict, dict]) -> None:
         self._regs, self._drafts = dict(snapshot[0]), dict(snapshot[1])
 
-    def add_draft(self, architecture: str, method: str, model: str, *, override: bool = False) -> None:
+    def add_draft(self, architecture: str, method: str, model: str, *, override: bool = False,
+                  sdk_version: str | None = None) -> None:
         """Register a draft model for ``method`` ("mtp", "eagle" or "eagle3", see
         ``DraftRegistration``). A duplicate is an error unless ``override=True``."""
         from core_runner.speculative_config import DRAFT_METHODS
 
+        check_sdk_range(sdk_version, self.current_plugin, f"{method} draft of {architecture}")
         if method not in DRAFT_METHODS:
             raise ValueError(f"draft method {method!r} of {architecture} is unknown: expected one of {DRAFT_METHODS}")
         key = (architecture, method)
@@ -179,11 +184,14 @@ class Registry:
         self, architecture: str, model: str, model_state: str, *, capabilities: dict | None = None,
         reference: str | None = None, examples: list | tuple = (), tasks: tuple[str, ...] = ("generate",),
         override: bool = False, accepted_config: dict | None = None,
+        sdk_version: str | None = None,
     ) -> None:
         """Register an architecture. A duplicate is an error unless ``override=True``.
         ``accepted_config`` maps a (dotted) config field to the values the plugin implements,
         e.g. ``{"use_sliding_window": [False]}``: the engine refuses a checkpoint whose config
         holds another value, naming the field."""
+        # sdk_version: the core_runner.sdk range the plugin needs (">=1.0,<2"); refused if it excludes this SDK
+        check_sdk_range(sdk_version, self.current_plugin, f"architecture {architecture}")
         if architecture in self._regs and not override:
             prev = self._regs[architecture]
             raise ValueError(
@@ -199,7 +207,7 @@ class Registry:
             architecture=architecture, model=_check_lazy("model", model),
             model_state=_check_lazy("model_state", model_state), capabilities=caps,
             reference=reference, examples=tuple(examples), plugin=self.current_plugin, tasks=tuple(tasks),
-            accepted_config=_check_accepted(architecture, accepted_config),
+            accepted_config=_check_accepted(architecture, accepted_config), sdk_version=sdk_version,
         )
 
     def architectures(self) -> list[str]:

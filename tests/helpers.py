@@ -232,3 +232,14 @@ def step_without_host_sync(eng: Any, watch: Callable[[Any, bool], None] | None =
         steps += 1
         assert steps < max_steps, "the step loop does not terminate"
     return steps, done
+
+
+def fake_plugin_dist(root: Path, ep_name: str, module_name: str, module_src: str) -> None:
+    """An installed-looking distribution ``fake-<ep_name>`` in ``root`` (put ``root`` on
+    sys.path) whose ``core_runner`` entry point ``ep_name`` is ``module_name``, written from
+    ``module_src``."""
+    (root / f"{module_name}.py").write_text(module_src)
+    dist = root / f"fake_{ep_name}-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fake-{ep_name}\nVersion: 0.0.1\n")
+    (dist / "entry_points.txt").write_text(f"[core_runner]\n{ep_name} = {module_name}\n")

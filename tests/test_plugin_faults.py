@@ -6,6 +6,7 @@ import json
 import logging
 
 import pytest
+from helpers import fake_plugin_dist
 
 from core_runner import LLM
 from core_runner.plugins import PluginError, load_plugins
@@ -23,20 +24,12 @@ def register_models(registry):
 """
 
 
-def _fake_dist(root, ep_name: str, module_name: str, module_src: str) -> None:
-    (root / f"{module_name}.py").write_text(module_src)
-    dist = root / f"fake_{ep_name}-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: fake-{ep_name}\nVersion: 0.0.1\n")
-    (dist / "entry_points.txt").write_text(f"[core_runner]\n{ep_name} = {module_name}\n")
-
-
 @pytest.fixture()
 def broken(tmp_path, monkeypatch):
     """Two broken plugins installed beside the built-in ones: one fails to import, one
     raises after registering one architecture."""
-    _fake_dist(tmp_path, "broken", "broken_plugin_mod", "raise ImportError('no module named missing_dep')\n")
-    _fake_dist(tmp_path, "half", "half_mod", HALF_REGISTERS)
+    fake_plugin_dist(tmp_path, "broken", "broken_plugin_mod", "raise ImportError('no module named missing_dep')\n")
+    fake_plugin_dist(tmp_path, "half", "half_mod", HALF_REGISTERS)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("CORE_RUNNER_STRICT", raising=False)
     monkeypatch.delenv("CORE_RUNNER_PLUGINS", raising=False)

@@ -74,19 +74,50 @@ def test_scaled_tables_differ_from_default():
     assert torch.allclose(attn[0, : HEAD // 2], torch.full((HEAD // 2,), 0.8))
 
 
+def dynamic_ntk_float64(length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Angles [length, HEAD / 2] and cos|sin of transformers' dynamic NTK formula for a sequence of
+    ``length`` (``llama_config("dynamic")``: theta 10000, factor 4), evaluated in float64."""
+    factor, max_pos = 4.0, LLAMA["max_position_embeddings"]
+    base = 10000.0 * (factor * max(length, max_pos) / max_pos - (factor - 1)) ** (HEAD / (HEAD - 2))
+    inv_freq = base ** -(torch.arange(0, HEAD, 2, dtype=torch.float64) / HEAD)
+    angles = torch.arange(length, dtype=torch.float64)[:, None] * inv_freq
+    return angles, torch.cat([angles.cos(), angles.sin()], dim=-1)
+
+
+def assert_float32_rounding_of(table: torch.Tensor, angles: torch.Tensor, exact: torch.Tensor) -> None:
+    """``table`` (float32 cos|sin) is ``exact`` up to what float32 can hold. Two float32 pows give the
+    inverse frequency to a few ulp and the product with the position rounds once more, so the angle
+    is off by up to ~2 eps x angle (up to ~1e-5 rad at position 400) before cos/sin add ~1 eps."""
+    eps = torch.finfo(torch.float32).eps
+    bound = eps * (2 * torch.cat([angles, angles], dim=-1) + 1)
+    excess = (table.double() - exact).abs() - bound
+    assert excess.max() <= 0, f"off by {excess.max().item():.3g} beyond float32 rounding at {excess.argmax().item()}"
+
+
 def test_dynamic_ntk_per_position():
     """Up to max_position_embeddings: transformers' table for any such length (unscaled).
-    Past it (a longer table): row p is what transformers computes for a sequence of p + 1."""
+    Past it (a longer table): row p is what transformers computes for a sequence of p + 1.
+
+    Past max_position_embeddings the rows are compared with the formula in float64, not with
+    transformers' float32 table at a fixed tolerance: the angle p x inv_freq (up to 399 rad here)
+    holds only ~1e-5 rad in float32, and the two sides round differently (ours evaluates every
+    length in one batched pow, transformers one length at a time; which elements torch computes in
+    SIMD and which in scalar code depends on the tensor's size and the CPU's instruction set, so the
+    same row can differ by 1.5e-5 in sin on an AVX2 machine and agree bit for bit on an AVX-512 one).
+    Both sides are checked against the same float32 rounding bound: neither is the less accurate."""
     cfg = llama_config("dynamic")
     rope = get_rope(cfg, HEAD, max_position=400)
     mine_cos, mine_sin = split(rope.cos_sin)
     cos, sin = hf_cos_sin(LlamaRotaryEmbedding(cfg), 256)
     torch.testing.assert_close(mine_cos[:256], cos, atol=1e-6, rtol=0)
     torch.testing.assert_close(mine_sin[:256], sin, atol=1e-6, rtol=0)
-    for p in (256, 300, 399):
-        cos, sin = hf_cos_sin(LlamaRotaryEmbedding(cfg), p + 1)
-        torch.testing.assert_close(mine_cos[p], cos[p], atol=1e-5, rtol=0)
-        torch.testing.assert_close(mine_sin[p], sin[p], atol=1e-5, rtol=0)
+    for p in range(256, 400):
+        angles, exact = dynamic_ntk_float64(p + 1)
+        assert_float32_rounding_of(rope.cos_sin[p], angles[p], exact[p])
+    for p in (256, 300, 334, 399):
+        theirs = torch.cat(hf_cos_sin(LlamaRotaryEmbedding(cfg), p + 1), dim=-1)[p]
+        angles, exact = dynamic_ntk_float64(p + 1)
+        assert_float32_rounding_of(theirs, angles[p], exact[p])
     assert (mine_cos[300] - hf_cos_sin(LlamaRotaryEmbedding(cfg), 256)[0][-1]).abs().max() > 1e-3
 
 

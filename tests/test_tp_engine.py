@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from helpers import hf_greedy
 from tp_harness import free_port, run_ranks
 
 from core_runner import LLM, SamplingParams
@@ -145,6 +146,35 @@ def test_two_nodes_on_localhost(untied, single_torch_thread):
     finally:
         if node1.poll() is None:
             node1.kill()
+
+
+GUARDLESS_SCRIPT = """\
+import json
+import sys
+
+from core_runner import LLM, SamplingParams
+
+print("script body runs", flush=True)
+llm = LLM(sys.argv[1], tensor_parallel_size=2, **json.loads(sys.argv[2]))
+outs = llm.generate(json.loads(sys.argv[3]), SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
+print("TOKENS " + json.dumps([o.outputs[0].token_ids for o in outs]), flush=True)
+"""
+
+
+def test_script_without_main_guard_runs_tensor_parallel(untied, tmp_path):
+    """A plain script (no ``if __name__ == "__main__":``) builds a TP=2 engine: the workers
+    never re-run it, so its body runs once and the output is one rank's greedy tokens."""
+    import json
+
+    script = tmp_path / "plain_script.py"
+    script.write_text(GUARDLESS_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, str(script), untied.path, json.dumps(SMALL), json.dumps(PROMPTS)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("script body runs") == 1, run.stdout
+    got = json.loads(run.stdout.split("TOKENS ", 1)[1])
+    assert got == [hf_greedy(untied, p, 8) for p in PROMPTS]
 
 
 def _channel_costs() -> tuple[float, float]:

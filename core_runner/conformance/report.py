@@ -7,6 +7,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 from core_runner.registry import CAPABILITIES
+from core_runner.sdk_version import SDK_VERSION
 
 FAILING = ("failed", "error", "xpassed (strict xfail: fails the run)")
 
@@ -36,6 +37,7 @@ def versions(session: Any) -> dict:
     return {
         "suite": core_runner.__version__,  # the suite ships inside core_runner, version-locked to it
         "core": _dist_version("core-runner") or core_runner.__version__,
+        "sdk": SDK_VERSION,  # the plugin contract (core_runner.sdk + layers) the suite checks against
         "plugin": plugin,
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -14,6 +14,7 @@ from core_runner.distributed import use_tp_group
 from core_runner.engine.debug import EngineDebug
 from core_runner.engine.defaults import (
     MemoryProbe,
+    choose_cpu_threads,
     kv_cache_budget,
     load_generation_defaults,
     read_memory,
@@ -80,6 +81,8 @@ class LLMEngine:
         memory_probe: MemoryProbe | None = None,
     ) -> None:
         self.config = config
+        # before any weight is read: loading runs on the same threads
+        self.cpu_threads = choose_cpu_threads(config.device, config.tensor_parallel_size // config.nnodes)
         self.plugins = plugins or load_plugins(strict=config.strict)
         self.model_path = resolve_model(config.model, config.revision)
         self.hf_config = load_hf_config(self.model_path, served=self.plugins.registry.find)
@@ -103,7 +106,7 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:
             self.executor = MultiprocRunner.start(
                 config.tensor_parallel_size, config.nnodes, config.master_addr, config.master_port, config.device,
-                config.enable_expert_parallel, timeout_s=_RENDEZVOUS_TIMEOUT_S,
+                config.enable_expert_parallel, timeout_s=_RENDEZVOUS_TIMEOUT_S, threads=self.cpu_threads,
                 preload=[type(self.hf_config).__module__, self.registration.model.split(":")[0]],
             )
             try:

@@ -22,14 +22,16 @@ MASTER_ADDR / MASTER_PORT) and the model files at the same path.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import sys
 import threading
 import time
+import types
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -61,14 +63,17 @@ class _Workers:
         self.closing = False  # set by shutdown: exits from then on are expected
 
     def start(self, ranks: list[tuple[int, int]], world_size: int, init_method: str, backend: str,
-              preload: list[str] = ()) -> None:
+              preload: list[str] = (), threads: int | None = None) -> None:
+        """``threads``: each worker's intra-op count (the driver's choice); None shares the
+        node's CPUs between these ranks and one more."""
         ctx = _context(list(preload))
-        threads = max(1, (os.cpu_count() or 1) // max(1, len(ranks) + 1))
+        threads = threads or max(1, (os.cpu_count() or 1) // max(1, len(ranks) + 1))
         for rank, local_rank in ranks:
             recv, send = ctx.Pipe(duplex=False)
             p = ctx.Process(target=worker_main, name=f"core-runner-tp-rank{rank}", daemon=True,
                             args=(rank, local_rank, world_size, init_method, backend, send, threads, list(sys.path)))
-            p.start()
+            with _main_module_hidden():
+                p.start()
             send.close()
             self.procs[rank], self.pipes[rank] = p, recv
 
@@ -114,12 +119,30 @@ def _context(preload: list[str]) -> Any:
     the engine once (those imports are most of a worker's start: ~3-6 s on a busy 2-core
     machine, against ~0.1 s for a fork), so every engine after the first starts its ranks
     at once. The server itself is a fresh process (no CUDA, no threads of the driver), as
-    safe as "spawn"; and unlike "spawn" it does not re-import the driver's ``__main__``
-    (a script needs no main guard). ``preload`` counts only when the server starts."""
+    safe as "spawn". ``preload`` counts only when the server starts; it leaves out
+    ``"__main__"`` (the stdlib's default), so the server never runs the driver's script."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "transformers.configuration_utils", "core_runner.executor.worker",
                                 "core_runner.executor.build", *preload])
     return ctx
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """``__main__`` is a blank module while a worker starts. A forkserver (or spawn) child
+    re-runs the parent's main script, named by ``__main__.__file__`` / ``__spec__`` in the
+    data ``Process.start`` sends, before it unpickles its target: a script without an
+    ``if __name__ == "__main__":`` guard would build its engine again in every worker,
+    which multiprocessing refuses ("before the current process has finished its
+    bootstrapping phase"). The workers need nothing from the script: their target and
+    arguments live in core_runner, and anything of the script's fails to pickle here, by
+    name. (runpy swaps ``sys.modules["__main__"]`` the same way while it runs a module.)"""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def _finalize(workers: _Workers) -> None:
@@ -161,15 +184,17 @@ class MultiprocRunner:
 
     @classmethod
     def start(cls, world_size: int, nnodes: int, master_addr: str, master_port: int | None, device: str,
-              expert_parallel: bool, timeout_s: float, preload: list[str] = ()) -> "MultiprocRunner":
+              expert_parallel: bool, timeout_s: float, preload: list[str] = (),
+              threads: int | None = None) -> "MultiprocRunner":
         """Start node 0's workers and join the group as rank 0 (``preload``: modules the
-        workers will import, e.g. the model config's, imported once by the forkserver)."""
+        workers will import, e.g. the model config's, imported once by the forkserver;
+        ``threads``: each worker's intra-op thread count, None for a share of the node)."""
         per_node = world_size // nnodes
         port = master_port or free_port(master_addr)
         init_method = f"tcp://{master_addr}:{port}"
         backend = "nccl" if device.startswith("cuda") else "gloo"
         workers = _Workers()
-        workers.start([(r, r) for r in range(1, per_node)], world_size, init_method, backend, preload)
+        workers.start([(r, r) for r in range(1, per_node)], world_size, init_method, backend, preload, threads)
         group = _join(workers, world_size, init_method, backend, timeout_s)
         group.expert_parallel = expert_parallel
         set_tp_group(GroupCoordinator())  # the group is entered by the runner only, not process-wide

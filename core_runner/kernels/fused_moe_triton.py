@@ -104,7 +104,7 @@ def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None
 
     Chosen by the rows an expert gets on average, as measured on the H200 at the DeepSeek-
     V2-Lite layer (64 experts x 1408, bf16; ``benchmarks/moe_sweep.py``, decode sizes timed
-    from a CUDA graph; RESULTS.md session 15): few rows waste less padding in narrow tiles,
+    from a CUDA graph; benchmarks/RESULTS.md): few rows waste less padding in narrow tiles,
     many rows reuse each weight tile over more rows. 256 tokens: M32 N128 K128 0.41 ms (M64
     N64 K32 0.90 eager); 1024: M128 N128 K64 8 warps 0.57 ms (M64 N64 K64 0.67); 8192: the
     same tile 2.67 ms (M64 N64 K32 5.04). 4-byte inputs keep narrower tiles, which fit

@@ -165,7 +165,7 @@ def _launch_config(max_query_len: int, group_pad: int, block_d: int, elem_bytes:
     """Tiles and warps chosen by measurement (bf16, D=128; benchmarks/RESULTS.md): decode-like batches take
     16-row tiles (one token x group, padded), anything longer 64-row tiles; K+V tiles
     stay <= 32 KiB per pipeline stage (fp32, used by tests, gets narrower tiles). Decode
-    runs two stages: from CUDA graphs on the H200 (benchmarks/attn_sweep.py, session 15),
+    runs two stages: from CUDA graphs on the H200 (benchmarks/attn_sweep.py; benchmarks/RESULTS.md),
     1,024 x ~220-token contexts 231 us vs 238 in three stages, 40 x ~1,600 73 vs 85, 256 x
     ~650 179 vs 178."""
     block_n = 64 if block_d * elem_bytes <= 256 else 32

@@ -3,6 +3,9 @@ so listing plugins stays cheap (the conformance suite checks this, CR-REG-02/03)
 from core_runner.sdk import hookimpl
 from core_runner_llama_template.examples import LLAMA_3_2_1B
 
+# the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
+SDK_RANGE = ">=1.0,<2"
+
 # Tiny configs for the conformance suite: it builds transformers.LlamaForCausalLM from
 # each one with random weights and checks this plugin against it.
 TINY = dict(
@@ -31,6 +34,7 @@ def register_models(registry):
             "speculative_decoding": "supported",
         },
         reference="transformers:LlamaForCausalLM",
+        sdk_version=SDK_RANGE,
         examples=[
             {"name": "tiny-gqa", "config": dict(TINY)},
             {"name": "llama-3.2-1b-shape", "config": LLAMA_3_2_1B},

@@ -2,6 +2,9 @@
 from core_runner.sdk import hookimpl
 from core_runner_deepseek.examples import DEEPSEEK_V2_LITE, DEEPSEEK_V3
 
+# the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
+SDK_RANGE = ">=1.0,<2"
+
 CAPABILITIES = {
     "chunked_prefill": "supported",
     # MLA write/attend, routing and the fused MoE use device ops only (no host reads,
@@ -39,6 +42,7 @@ def register_models(registry):
         model_state="model_states.default:DefaultModelState",
         capabilities=CAPABILITIES,
         reference="transformers:DeepseekV2ForCausalLM",
+        sdk_version=SDK_RANGE,
         examples=[
             {"name": "tiny-greedy-qlora", "config": TINY_V2},
             {"name": "deepseek-v2-lite-shape", "config": DEEPSEEK_V2_LITE},
@@ -53,8 +57,10 @@ def register_models(registry):
         model_state="model_states.default:DefaultModelState",
         capabilities=CAPABILITIES,
         reference="transformers:DeepseekV3ForCausalLM",
+        sdk_version=SDK_RANGE,
         examples=[{"name": "tiny", "config": TINY_V3}, {"name": "deepseek-v3-fp8-shape", "config": DEEPSEEK_V3}],
     )
     # the checkpoint's own next-token-prediction layers (num_nextn_predict_layers); V2
     # checkpoints have none
-    registry.add_draft(architecture="DeepseekV3ForCausalLM", method="mtp", model="core_runner_deepseek.mtp:DeepSeekMTP")
+    registry.add_draft(architecture="DeepseekV3ForCausalLM", method="mtp", model="core_runner_deepseek.mtp:DeepSeekMTP",
+                       sdk_version=SDK_RANGE)

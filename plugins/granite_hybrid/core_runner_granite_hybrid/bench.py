@@ -1,5 +1,5 @@
 """A granite-4.0-h-350m-shaped checkpoint with random weights, for ``core-runner bench``
-(W1 next to the transformers peer). Not run in CPU sessions.
+(W1 next to the transformers peer). Run on the GPU only.
 
 The shape follows ibm-granite/granite-4.0-h-350m's published config as recalled here
 (32 layers: 28 Mamba2 + 4 attention, NoPE, dense shared MLP, no experts); check it

@@ -2,6 +2,9 @@
 from core_runner.sdk import hookimpl
 from core_runner_granite_hybrid.examples import GRANITE_4_0_H_350M, GRANITE_4_0_H_TINY
 
+# the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
+SDK_RANGE = ">=1.0,<2"
+
 CAPABILITIES = {
     "chunked_prefill": "supported",
     # the Triton decode/prefill path reads its request list from fixed device buffers
@@ -44,6 +47,7 @@ def register_models(registry):
         model_state="model_states.mamba_hybrid:MambaHybridModelState",
         capabilities=CAPABILITIES,
         reference="transformers:GraniteMoeHybridForCausalLM",
+        sdk_version=SDK_RANGE,
         examples=[
             {"name": "granite-4.0-h-350m-shape", "config": GRANITE_4_0_H_350M},
             {"name": "granite-4.0-h-tiny-shape", "config": GRANITE_4_0_H_TINY},

@@ -2,6 +2,9 @@
 from core_runner.sdk import hookimpl
 from core_runner_pooling.examples import ALL_MINILM_L6_V2, QWEN3_EMBEDDING_0_6B
 
+# the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
+SDK_RANGE = ">=1.0,<2"
+
 STATE = "model_states.pooling:PoolingModelState"
 
 BERT_CAPABILITIES = {
@@ -56,6 +59,7 @@ def register_models(registry):
         model_state=STATE,
         capabilities=BERT_CAPABILITIES,
         reference="transformers:BertModel",
+        sdk_version=SDK_RANGE,
         tasks=("embed",),
         examples=[{"name": "tiny-bert", "config": TINY_BERT},
                   {"name": "all-minilm-l6-v2-shape", "config": ALL_MINILM_L6_V2}],
@@ -68,6 +72,7 @@ def register_models(registry):
         # the Qwen3 layers it reuses: full attention, SiLU-gated MLPs
         accepted_config={"use_sliding_window": [False], "hidden_act": ["silu"]},
         reference="transformers:Qwen3Model",
+        sdk_version=SDK_RANGE,
         tasks=("embed",),
         examples=[{"name": "tiny-qwen3-embed", "config": TINY_QWEN3},
                   {"name": "qwen3-embedding-0.6b-shape", "config": QWEN3_EMBEDDING_0_6B}],

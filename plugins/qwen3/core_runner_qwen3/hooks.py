@@ -3,6 +3,9 @@ models (``core_runner_qwen3.eagle`` says why those live here). Imports no torch.
 from core_runner.sdk import hookimpl
 from core_runner_qwen3.examples import QWEN3_0_6B, QWEN3_30B_A3B
 
+# the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
+SDK_RANGE = ">=1.0,<2"
+
 CAPABILITIES = {
     "chunked_prefill": "supported",
     "cuda_graphs": "supported",
@@ -54,6 +57,7 @@ def register_models(registry):
         capabilities=CAPABILITIES,
         accepted_config=ACCEPTED_CONFIG,
         reference="transformers:Qwen3ForCausalLM",
+        sdk_version=SDK_RANGE,
         examples=[
             {"name": "tiny-untied", "config": {**TINY, "tie_word_embeddings": False}},
             {"name": "tiny-tied", "config": {**TINY, "tie_word_embeddings": True, "num_key_value_heads": 4}},
@@ -67,7 +71,8 @@ def register_models(registry):
         capabilities=MOE_CAPABILITIES,
         accepted_config=ACCEPTED_CONFIG,
         reference="transformers:Qwen3MoeForCausalLM",
+        sdk_version=SDK_RANGE,
         examples=[{"name": "tiny-moe", "config": TINY_MOE}, {"name": "qwen3-30b-a3b-shape", "config": QWEN3_30B_A3B}],
     )
     for architecture, method, cls in EAGLE_DRAFTS:
-        registry.add_draft(architecture, method, f"core_runner_qwen3.eagle:{cls}")
+        registry.add_draft(architecture, method, f"core_runner_qwen3.eagle:{cls}", sdk_version=SDK_RANGE)
