@@ -74,15 +74,24 @@ def _ignored(vctx: Ctx, base: Any, rec: Recorder, outs: dict) -> bool:
     return rows > 0
 
 
-def _engine_check(ctx: Ctx, vctx: Ctx, v: Variant, probe: list[int]) -> tuple[str, str]:
+def _variant_llm(ctx: Ctx, vctx: Ctx, v: Variant) -> tuple[Any, tuple[str, str]]:
+    """(the variant's LLM, ("", "")) or (None, (outcome, detail)) when building it raised:
+    a refusal that names the field, or a failure."""
     try:
         chunk = PERTURB_BUDGET if ctx.chunked else None
-        e = vctx.engine(max_model_len=vctx.max_model_len(128), max_num_batched_tokens=chunk)
+        return vctx.llm(max_model_len=vctx.max_model_len(128), max_num_batched_tokens=chunk), ("", "")
     except Exception as err:  # noqa: BLE001 - any construction error is reported with its text
         msg = f"{type(err).__name__}: {str(err)[:300]}"
         if names_the_field(err, v, str(vctx.ref.path)):
-            return "refused by the plugin", msg
-        return "failed", f"the engine could not load it ({msg})"
+            return None, ("refused by the plugin", msg)
+        return None, ("failed", f"the engine could not load it ({msg})")
+
+
+def _engine_check(ctx: Ctx, vctx: Ctx, v: Variant, probe: list[int]) -> tuple[str, str]:
+    llm, refused = _variant_llm(ctx, vctx, v)
+    if llm is None:
+        return refused
+    e = llm.engine
     prompts = [probe] + vctx.ref.prompts(PERTURB_LENGTHS, seed=17)
     try:
         rec = Recorder(e)
@@ -119,14 +128,9 @@ def _embed_check(ctx: Ctx, vctx: Ctx, v: Variant, probe: list[int]) -> tuple[str
     from core_runner.conformance.checks_pooling import EMBED_ATOL, pool_hidden
     from core_runner.pooling_params import POOLING_TYPES
 
-    try:
-        llm = vctx.llm(max_model_len=vctx.max_model_len(128), max_num_batched_tokens=PERTURB_BUDGET
-                       if ctx.chunked else None)
-    except Exception as err:  # noqa: BLE001 - any construction error is reported with its text
-        msg = f"{type(err).__name__}: {str(err)[:300]}"
-        if names_the_field(err, v, str(vctx.ref.path)):
-            return "refused by the plugin", msg
-        return "failed", f"the engine could not load it ({msg})"
+    llm, refused = _variant_llm(ctx, vctx, v)
+    if llm is None:
+        return refused
     prompts = [probe] + vctx.ref.prompts(PERTURB_LENGTHS, seed=17)
     compared = []
     for kind in POOLING_TYPES:
