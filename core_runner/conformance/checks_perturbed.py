@@ -18,6 +18,7 @@ import pytest
 
 from core_runner.conformance.harness import CheckFailure, Ctx, Recorder, fail, greedy, run
 from core_runner.conformance.variants import (
+    MAX_TRIES,
     PROBE_LEN,
     FieldCandidates,
     Variant,
@@ -33,7 +34,6 @@ PERTURB_NEW = 4
 PERTURB_BUDGET = 16  # tokens a step under chunked prefill: chunk ends fall inside the probe
 NO_EFFECT = 1e-6  # a variant that moves no reference logit by more than this is not read
 LONG_NEW = 3
-_TRIES = 3  # candidates built per field before it is dormant
 
 
 def _checkpoint_run(ctx: Ctx) -> None:
@@ -164,7 +164,7 @@ def _try_field(ctx: Ctx, fc: FieldCandidates, probe: list[int], base_logits: Any
     tried: list[str] = []
     built = 0
     for updates in fc.tries:
-        if built >= _TRIES:
+        if built >= MAX_TRIES:
             break
         v = variant(ctx.registration, ctx.example, updates)
         try:

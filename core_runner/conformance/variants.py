@@ -51,7 +51,7 @@ ROPE_KINDS = {
 # words that do not tie two fields to one feature
 _STOP = frozenset({"use", "num", "n", "max", "min", "size", "of", "per", "layer", "layers", "dim", "type", "types",
                    "factor", "hidden", "is", "to", "and", "the", "head", "heads", "config", "rope", "theta"})
-_MAX_TRIES = 3  # built candidates per field before it is called dormant
+MAX_TRIES = 3  # candidates built per field (or group) before it is called dormant
 
 
 @dataclass(frozen=True)
@@ -322,7 +322,7 @@ def dormant_groups(dormant: list[FieldCandidates]) -> list[FieldCandidates]:
             pairs = tuple(p for fc in g for p in fc.tries[min(i, len(fc.tries) - 1)])
             if pairs not in tries:
                 tries.append(pairs)
-        out.append(FieldCandidates("+".join(fc.field for fc in g), tuple(tries[:_MAX_TRIES])))
+        out.append(FieldCandidates("+".join(fc.field for fc in g), tuple(tries[:MAX_TRIES])))
     return out
 
 
