@@ -184,6 +184,14 @@ def test_prompts_of_the_wrong_type_name_the_index_and_the_accepted_forms(llm, pr
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_a_lone_surrogate_is_refused_naming_the_prompt_and_the_character(llm):
+    for prompt in ("a\ud800b", {"prompt": "a\udfffb"}):
+        with pytest.raises(ValueError, match=r"prompt 1: a text prompt must be valid Unicode: character 1 is a lone "
+                                             r"surrogate \(U\+D[8F]{1}[0F]{2}\)"):
+            llm.generate([[5, 6], prompt], SamplingParams(max_tokens=2))
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_numpy_prompts_are_refused_not_read_as_token_ids(llm):
     import numpy as np
 

@@ -34,15 +34,26 @@ def parse_prompt(prompt: Any) -> str | list[int]:
     if isinstance(prompt, Mapping):
         keys = set(prompt)
         if keys == {"prompt"} and isinstance(prompt["prompt"], str):
-            return prompt["prompt"]
+            return _valid_text(prompt["prompt"])
         if "prompt_token_ids" in keys and keys <= {"prompt", "prompt_token_ids"}:  # ids may carry their text
             return _token_ids(prompt["prompt_token_ids"], 'the "prompt_token_ids" value')
         raise ValueError(f"a dict prompt with keys {sorted(keys, key=str)} is not accepted: expected {PROMPT_FORMS}")
     if isinstance(prompt, str):
-        return prompt
+        return _valid_text(prompt)
     if isinstance(prompt, (list, tuple)):
         return _token_ids(prompt, "a token-id prompt")
     raise ValueError(f"a prompt of type {_describe(prompt)} is not accepted: expected {PROMPT_FORMS}")
+
+
+def _valid_text(text: str) -> str:
+    """The text, if it can be encoded (a lone surrogate such as '\\ud800', which JSON and Python
+    strings allow, cannot: the tokenizer would raise a TypeError)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"a text prompt must be valid Unicode: character {e.start} is a lone surrogate "
+                         f"(U+{ord(text[e.start]):04X}); encode the text properly or pass token ids") from None
+    return text
 
 
 def _token_ids(ids: Any, what: str) -> list[int]:
