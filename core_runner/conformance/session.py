@@ -3,6 +3,7 @@ registrations, shared caches (reference checkpoints, the fresh-process probe), a
 results that become the JSON report."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ from core_runner.conformance import catalog
 from core_runner.conformance.harness import Example, Reference, examples_of
 from core_runner.conformance.suite import Case, SuiteFile
 from core_runner.plugins import PluginManager
-from core_runner.registry import CAPABILITIES, Registration
+from core_runner.registry import CAPABILITIES, Capability, Registration
 
 # the checks a checkpoint run (--model) makes by default: those comparing with the reference
 CHECKPOINT_CHECKS = ("CR-EQ-01", "CR-EQ-02", "CR-EQ-03", "CR-EQ-04")
@@ -204,13 +205,9 @@ class ConformanceSession:
         key = (reg.architecture, capability)
         if key not in self._forcing:
             pm = PluginManager()
-            caps = {k: ("supported" if k == capability else v) for k, v in reg.capabilities.items()}
-            caps[capability] = "supported"
-            pm.registry.current_plugin = reg.plugin
-            pm.registry.add(reg.architecture, reg.model, reg.model_state, capabilities=caps,
-                            reference=reg.reference, examples=reg.examples, tasks=reg.tasks,
-                            accepted_config=reg.accepted_config)
-            pm.registry.current_plugin = "<direct>"
+            caps = {**reg.capabilities, capability: Capability("supported")}
+            # the registration itself, every other field as declared
+            pm.registry.restore(({reg.architecture: dataclasses.replace(reg, capabilities=caps)}, {}))
             self._forcing[key] = pm
         return self._forcing[key]
 
