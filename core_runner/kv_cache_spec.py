@@ -16,6 +16,10 @@ class PagedCacheSpec:
 
     The cache tensor is ``[num_parts, num_blocks, block_size, num_heads, head_size]``:
     two parts (K and V) for attention, one part with one head for an MLA latent.
+    ``sliding_window``: the layer reads only the last ``sliding_window`` positions, so the
+    block manager may free blocks that every window has left. ``features``: the attention
+    options the layer asks of the backend (``core_runner.attention.options``); the engine
+    refuses a backend that lacks one.
     """
 
     layer_name: str
@@ -23,6 +27,8 @@ class PagedCacheSpec:
     head_size: int
     dtype: torch.dtype
     num_parts: int = 2
+    sliding_window: int | None = None
+    features: frozenset[str] = frozenset()
 
     def bytes_per_token(self) -> int:
         return self.num_parts * self.num_heads * self.head_size * self.dtype.itemsize

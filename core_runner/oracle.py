@@ -232,3 +232,14 @@ def check_model_fits(backend: Any, model: Any, architecture: str) -> None:
             f"backend with {need}=True, but attention backend {name!r} declares {need}={getattr(backend, need, False)}"
             f"; use attention_backend={' or '.join(map(repr, fits)) if fits else 'a backend that supports it'}"
         )
+    have = frozenset(getattr(backend, "attention_features", frozenset()))
+    for layer, module in model.named_modules():
+        opts = getattr(module, "options", None)
+        wants = opts.features() if callable(getattr(opts, "features", None)) else frozenset()
+        missing = sorted(wants - have)
+        if missing:
+            name = getattr(backend, "name", type(backend).__name__)
+            raise UnsupportedError(
+                f"{architecture}: attention layer {layer} uses {', '.join(missing)}, which attention backend "
+                f"{name!r} does not implement (its attention_features: {sorted(have) or 'none'})"
+            )

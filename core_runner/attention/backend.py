@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from core_runner.attention.options import AttentionOptions
+
 
 @dataclass(slots=True)
 class AttnMetadata:
@@ -44,7 +46,10 @@ class AttentionBackend(ABC):
       host-side bounds, so a step can be captured (graphs also need kernels='triton'),
     - ``needs_triton``: it launches Triton kernels (on the CPU only under TRITON_INTERPRET=1),
     - ``capability``: a model capability (``Registration.capability``) that a family must
-      declare supported for this backend, or None.
+      declare supported for this backend, or None,
+    - ``attention_features``: the layer options it implements (names from
+      ``core_runner.attention.options.ATTENTION_FEATURES``); a layer using another one is
+      refused at construction, naming the layer, the option and the backend.
     """
 
     name: str = "abstract"
@@ -52,6 +57,7 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: bool = False
     needs_triton: bool = False
     capability: str | None = None
+    attention_features: frozenset[str] = frozenset()
 
     @abstractmethod
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
@@ -59,9 +65,12 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def forward(
-        self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float
+        self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float,
+        options: AttentionOptions | None = None, sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention of ``q`` ([num_tokens, heads, head_size]) over the cached context."""
+        """Attention of ``q`` ([num_tokens, heads, head_size]) over the cached context.
+        ``options`` (only passed when a layer sets one) and ``sinks`` ([heads], when
+        ``options.sinks``) are the layer's options; see ``layers.attention.Attention``."""
 
     # ---- MLA: one latent vector per token (see core_runner.attention.mla) ----------
     def write_mla(self, latent_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from core_runner.attention.backend import AttentionBackend, AttnMetadata
+from core_runner.attention.options import ATTENTION_FEATURES, AttentionOptions
 
 
 def write_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -20,11 +21,12 @@ def write_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_
         flat[1].index_copy_(0, slots, v[keep].to(kv_cache.dtype))
 
 
-def gather_context(part: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """Tokens 0..seq_len-1 of one request from a cache part [num_blocks, bs, H, D]."""
+def gather_context(part: torch.Tensor, block_table: torch.Tensor, seq_len: int, start: int = 0) -> torch.Tensor:
+    """Tokens start..seq_len-1 of one request from a cache part [num_blocks, bs, H, D];
+    ``start`` is a multiple of the block size, and no block before it is read."""
     bs = part.shape[1]
     nblk = -(-seq_len // bs)
-    return part[block_table[:nblk].long()].reshape(-1, part.shape[2], part.shape[3])[:seq_len]
+    return part[block_table[start // bs:nblk].long()].reshape(-1, part.shape[2], part.shape[3])[:seq_len - start]
 
 
 def paged_attention_ref(
@@ -35,11 +37,18 @@ def paged_attention_ref(
     block_tables: torch.Tensor,
     scale: float,
     causal: bool = True,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [num_tokens, heads, D] -> [num_tokens, heads, D] (float32 math)."""
+    """q: [num_tokens, heads, D] -> [num_tokens, heads, D] (float32 math). A query at
+    position p sees keys p - sliding_window < k <= p; scores are soft-capped after the
+    scale; ``sinks`` [heads] are logits with a zero value in every row's softmax. Blocks
+    wholly before every query's window are never read (the block manager may have freed
+    them)."""
     out = torch.zeros_like(q)
     num_heads = q.shape[1]
-    kv_heads = kv_cache.shape[3]
+    kv_heads, bs = kv_cache.shape[3], kv_cache.shape[2]
     group = num_heads // kv_heads
     qsl = query_start_loc_cpu.tolist()
     lens = seq_lens_cpu.tolist()
@@ -47,17 +56,31 @@ def paged_attention_ref(
         s, e, seq_len = qsl[i], qsl[i + 1], lens[i]
         if e == s or seq_len == 0:
             continue
-        k = gather_context(kv_cache[0], block_tables[i], seq_len).float()
-        v = gather_context(kv_cache[-1], block_tables[i], seq_len).float()
+        if sliding_window is not None and not causal:
+            raise NotImplementedError("sliding_window is implemented for causal attention only")
+        qpos = torch.arange(seq_len - (e - s), seq_len, device=q.device)
+        # the first block any query's window reaches; earlier ones may belong to others now
+        lo = 0 if sliding_window is None else max(0, int(qpos[0]) - sliding_window + 1) // bs * bs
+        k = gather_context(kv_cache[0], block_tables[i], seq_len, lo).float()
+        v = gather_context(kv_cache[-1], block_tables[i], seq_len, lo).float()
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         qi = q[s:e].float()
         scores = torch.einsum("qhd,khd->hqk", qi, k) * scale
+        if logits_soft_cap is not None:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
+        kpos = torch.arange(lo, seq_len, device=q.device)
+        hidden = torch.zeros(scores.shape[1:], dtype=torch.bool, device=q.device)
         if causal:
-            qpos = torch.arange(seq_len - (e - s), seq_len, device=q.device)
-            kpos = torch.arange(seq_len, device=q.device)
-            scores = scores.masked_fill(kpos[None, None, :] > qpos[None, :, None], float("-inf"))
-        probs = scores.softmax(dim=-1)
+            hidden |= kpos[None, :] > qpos[:, None]
+        if sliding_window is not None:
+            hidden |= kpos[None, :] <= qpos[:, None] - sliding_window
+        scores = scores.masked_fill(hidden[None], float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().view(-1, 1, 1).expand(-1, scores.shape[1], 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+        else:
+            probs = scores.softmax(dim=-1)
         out[s:e] = torch.einsum("hqk,khd->qhd", probs, v).to(q.dtype)
     return out
 
@@ -67,13 +90,17 @@ class TorchPagedAttention(AttentionBackend):
 
     name = "torch"
     supports_mla = True
+    attention_features = frozenset(ATTENTION_FEATURES)
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
         write_kv_ref(kv_cache, k, v, md.slot_mapping)
 
-    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float,
+                options: AttentionOptions | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        o = options or AttentionOptions()
         return paged_attention_ref(
-            q, kv_cache, md.query_start_loc_cpu, md.seq_lens_cpu, md.block_tables, scale, md.causal
+            q, kv_cache, md.query_start_loc_cpu, md.seq_lens_cpu, md.block_tables, scale, md.causal,
+            o.sliding_window, o.logits_soft_cap, sinks if o.sinks else None,
         )
 
     def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from core_runner.attention.backend import AttentionBackend, AttnMetadata
+from core_runner.attention.options import ATTENTION_FEATURES, AttentionOptions
 from core_runner.kernels.kv_write_triton import write_kv_triton
 from core_runner.kernels.mla_attention_triton import mla_attention_triton
 from core_runner.kernels.paged_attention_triton import paged_attention_triton
@@ -20,11 +21,14 @@ class TritonPagedAttention(AttentionBackend):
     supports_cuda_graphs = True
     needs_triton = True
     capability = "triton_attention"
+    attention_features = frozenset(ATTENTION_FEATURES)
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
         write_kv_triton(kv_cache, k, v, md.slot_mapping)
 
-    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float,
+                options: AttentionOptions | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        o = options or AttentionOptions()
         return paged_attention_triton(
             q,
             kv_cache,
@@ -35,6 +39,9 @@ class TritonPagedAttention(AttentionBackend):
             causal=md.causal,
             max_query_len=md.max_query_len,
             max_seq_len=md.max_seq_len,
+            sliding_window=o.sliding_window,
+            logits_soft_cap=o.logits_soft_cap,
+            sinks=sinks if o.sinks else None,
         )
 
     def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,

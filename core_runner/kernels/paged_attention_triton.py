@@ -31,7 +31,13 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.request_lookup_triton import request_of_program
-from core_runner.kernels.split_kv_triton import merge_splits, pick_num_splits, split_range, split_scratch
+from core_runner.kernels.split_kv_triton import (
+    merge_splits,
+    pick_num_splits,
+    split_range,
+    split_range_from,
+    split_scratch,
+)
 
 _LOG2E = 1.4426950408889634
 _NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps exp2(m_old - m_new) NaN-free
@@ -40,11 +46,15 @@ _NEG_BIG = tl.constexpr(-1.0e30)  # finite "minus infinity": keeps exp2(m_old - 
 @triton.jit
 def _attend_tile(
     q, m_i, l_i, acc, start, kv_hi, r_pos, bt_row, kc_ptr, vc_ptr, kv_head_off, s_cb, s_co, qk_scale,
+    window, cap_log2e,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HEAD_SIZE: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr,
 ):
     """One online-softmax step over keys [start, start + BLOCK_N), gathered per token
-    through the block table. MASKED=False promises every key is in range and visible."""
+    through the block table. MASKED=False promises every key is in range and visible.
+    SOFT_CAP: qk_scale is scale / cap, and the scores become tanh(.) * cap (in log2 units
+    through cap_log2e). WINDOWED: row r sees keys above r_pos - window."""
     n = start + tl.arange(0, BLOCK_N)
     d = tl.arange(0, BLOCK_D)
     n_ok = n < kv_hi
@@ -58,10 +68,14 @@ def _attend_tile(
     k = tl.load(kc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     v = tl.load(vc_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale
+    if SOFT_CAP:  # tanh(x) = 1 - 2 / (exp(2x) + 1): saturates to +-1 without NaN
+        s = (1.0 - 2.0 / (tl.exp(2.0 * s) + 1.0)) * cap_log2e
     if MASKED:
         keep = n_ok[None, :]
         if CAUSAL:
             keep = keep & (n[None, :] <= r_pos[:, None])
+        if WINDOWED:
+            keep = keep & (n[None, :] > r_pos[:, None] - window)
         s = tl.where(keep, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     alpha = tl.exp2(m_i - m_new)
@@ -74,14 +88,15 @@ def _attend_tile(
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "num_main"])
 def _attn_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
-    qsl_ptr, seq_lens_ptr, bt_ptr,
-    num_tokens, num_reqs, num_main, qk_scale,
+    qsl_ptr, seq_lens_ptr, bt_ptr, sinks_ptr,
+    num_tokens, num_reqs, num_main, qk_scale, window, cap_log2e,
     s_qt, s_qh, s_ot, s_oh, s_bt,
     s_cb, s_co, s_ch,
     NUM_HEADS: tl.constexpr, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_SIZE: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, CAUSAL: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, UNMASKED_LOOP: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     # Reversed so the heaviest work starts first: prefills sit after the decode rows
@@ -108,7 +123,11 @@ def _attn_kernel(
     else:
         kv_end = seq_len
     kv_end = tl.maximum(tl.where(n_tok > 0, kv_end, 0), 0)
-    kv_lo, kv_hi = split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
+    if WINDOWED:  # keys before the first row's window are never loaded: their blocks may be freed
+        kv_lo, kv_hi = split_range_from(tl.minimum(tl.maximum(pos0 - window + 1, 0), kv_end), kv_end, split,
+                                        NUM_SPLITS, BLOCK_N)
+    else:
+        kv_lo, kv_hi = split_range(kv_end, split, NUM_SPLITS, BLOCK_N)
 
     # ---- rows: (token, head within group)
     rows = tl.arange(0, BLOCK_M)
@@ -133,7 +152,7 @@ def _attn_kernel(
     # masks. That pays for prefill tiles but slows decode (two pipelined loops instead of
     # one), hence the switch (figures in benchmarks/RESULTS.md).
     full_end = kv_lo
-    if UNMASKED_LOOP:
+    if UNMASKED_LOOP and not WINDOWED:
         if CAUSAL:
             full_end = tl.minimum(pos0 + 1, kv_hi)
         else:
@@ -142,12 +161,22 @@ def _attn_kernel(
         for start in range(kv_lo, full_end, BLOCK_N):
             m_i, l_i, acc = _attend_tile(
                 q, m_i, l_i, acc, start, kv_hi, r_pos, bt_row, kc_ptr, vc_ptr, kv_head_off, s_cb, s_co,
-                qk_scale, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_SIZE, False, CAUSAL, DOT_PRECISION)
+                qk_scale, window, cap_log2e, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_SIZE, False, CAUSAL, DOT_PRECISION,
+                WINDOWED, SOFT_CAP)
     for start in range(full_end, kv_hi, BLOCK_N):
         m_i, l_i, acc = _attend_tile(
             q, m_i, l_i, acc, start, kv_hi, r_pos, bt_row, kc_ptr, vc_ptr, kv_head_off, s_cb, s_co,
-            qk_scale, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_SIZE, True, CAUSAL, DOT_PRECISION)
+            qk_scale, window, cap_log2e, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_SIZE, True, CAUSAL, DOT_PRECISION,
+            WINDOWED, SOFT_CAP)
 
+    if HAS_SINKS:  # a key with a learned logit and a zero value, counted once (by split 0)
+        sink = tl.load(sinks_ptr + r_head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        sink = tl.where(split == 0, sink, _NEG_BIG)
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
+        m_i = m_new
     if NUM_SPLITS > 1:
         part = (tok * NUM_HEADS + r_head) * NUM_SPLITS + split
         tl.store(m_ptr + part, m_i, mask=row_ok)
@@ -191,6 +220,9 @@ def paged_attention_triton(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     config: dict | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [num_tokens, heads, D]; kv_cache: [1 or 2, num_blocks, block_size, kv_heads, D];
     query_start_loc: [num_reqs + 1]; seq_lens, block_tables: per request (device).
@@ -198,7 +230,8 @@ def paged_attention_triton(
     (and needed) is the device read, so pass them under CUDA graphs. num_splits > 1
     forces the split-KV path; None lets a heuristic choose (split only for decode).
     ``config`` overrides the launch parameters (BLOCK_M, BLOCK_N, num_warps, num_stages,
-    UNMASKED_LOOP): a measurement hook (benchmarks/attn_sweep.py)."""
+    UNMASKED_LOOP): a measurement hook (benchmarks/attn_sweep.py). ``sliding_window``,
+    ``logits_soft_cap`` and ``sinks`` ([heads]) as in ``paged_attention_ref``."""
     num_tokens, num_heads, head_size = q.shape
     _, _, block_size, kv_heads, cache_d = kv_cache.shape
     if cache_d != head_size or num_heads % kv_heads != 0:
@@ -228,21 +261,29 @@ def paged_attention_triton(
         if max_query_len == 1:
             if max_seq_len is None:
                 max_seq_len = int(seq_lens.max())
-            num_splits = pick_num_splits(q.device, num_reqs, kv_heads, max_seq_len)
+            span = max_seq_len if sliding_window is None else min(max_seq_len, sliding_window)
+            num_splits = pick_num_splits(q.device, num_reqs, kv_heads, span)
     dot_precision = "ieee" if q.dtype == torch.float32 else "tf32"  # no TF32 rounding of fp32
     grid = (num_main + triton.cdiv(num_tokens, block_q), kv_heads, num_splits)
     m_buf, l_buf, acc_buf = split_scratch(num_tokens, num_heads, num_splits, block_d, q.device) \
         if num_splits > 1 else (out, out, out)  # unused without splits
+    if sliding_window is not None and not causal:
+        raise NotImplementedError("sliding_window is implemented for causal attention only")
+    if sinks is not None and tuple(sinks.shape) != (num_heads,):
+        raise ValueError(f"sinks {tuple(sinks.shape)} must hold one logit per head ({num_heads},)")
+    cap = logits_soft_cap
     _attn_kernel[grid](
         q, kv_cache[0], kv_cache[-1], out, m_buf, l_buf, acc_buf,
-        query_start_loc, seq_lens, block_tables,
-        num_tokens, num_reqs, num_main, scale * _LOG2E,
+        query_start_loc, seq_lens, block_tables, sinks if sinks is not None else seq_lens,
+        num_tokens, num_reqs, num_main, scale / cap if cap else scale * _LOG2E,
+        sliding_window or 0, cap * _LOG2E if cap else 1.0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3),
         NUM_HEADS=num_heads, GROUP=group, GROUP_PAD=group_pad,
         BLOCK_SIZE=block_size, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_D=block_d,
         HEAD_SIZE=head_size, ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"],
+        WINDOWED=sliding_window is not None, SOFT_CAP=cap is not None, HAS_SINKS=sinks is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:

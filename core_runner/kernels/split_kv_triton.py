@@ -29,6 +29,16 @@ def split_range(kv_end, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
     return 0, kv_end  # a constant start, as the unsplit loops were compiled and measured
 
 
+@triton.jit
+def split_range_from(kv_start, kv_end, split, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """As ``split_range`` over keys [kv_start, kv_end) (a sliding window's first key on)."""
+    if NUM_SPLITS > 1:
+        chunk = tl.cdiv(tl.cdiv(kv_end - kv_start, NUM_SPLITS), BLOCK_N) * BLOCK_N
+        kv_lo = kv_start + split * chunk
+        return kv_lo, tl.minimum(kv_lo + chunk, kv_end)
+    return kv_start, kv_end
+
+
 @triton.jit(do_not_specialize=["num_reqs"])
 def _merge_kernel(
     out_ptr, m_ptr, l_ptr, acc_ptr, qsl_ptr, num_reqs, s_ot, s_oh,

@@ -1,13 +1,17 @@
 """The attention layer: writes this step's K/V into its paged cache, then attends.
 
 The cache tensor is bound by the runner (``self.kv_cache``) from the layer's
-``kv_cache_spec``; metadata and backend come from the forward context.
+``kv_cache_spec``; metadata and backend come from the forward context. The layer's
+options (window, soft cap, sinks) travel to the backend as one ``AttentionOptions``;
+the engine refuses, at construction, a backend that does not list an option a layer uses
+(``AttentionBackend.attention_features``).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from core_runner.attention.options import AttentionOptions
 from core_runner.forward_context import get_forward_context
 from core_runner.kv_cache_spec import PagedCacheSpec
 
@@ -18,20 +22,40 @@ class Attention(nn.Module):
     ``forward(q, k, v)`` writes this step's k, v ([T, num_kv_heads * head_size]) into the
     cache at the slots of the step's metadata, then returns, for every query token, the
     softmax(scale * q k^T) v over its request's cached tokens (causal), as
-    [T, num_heads * head_size]. ``kv_cache_spec`` declares the cache (K and V parts,
-    num_kv_heads x head_size per token); ``num_heads`` must be a multiple of ``num_kv_heads``.
+    [T, num_heads * head_size]. ``num_heads`` must be a multiple of ``num_kv_heads``.
+
+    Options (vLLM's names):
+
+    - ``sliding_window``: a query at position p sees keys at p - window < k <= p only
+      (transformers' rule); the layer's cache spec carries the window, so the block
+      manager frees blocks every window has left.
+    - ``logits_soft_cap``: scores become ``cap * tanh(scores / cap)`` after scaling.
+    - ``sinks``: a tensor [num_heads] (this rank's heads) of learned logits that join
+      each row's softmax denominator with a zero value; owned (and loaded) by the caller,
+      read at every forward, so it is not registered as this module's parameter.
     """
-    def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float, *,
+                 sliding_window: int | None = None, logits_soft_cap: float | None = None,
+                 sinks: torch.Tensor | None = None) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"sinks has shape {tuple(sinks.shape)}; it needs one logit per head: ({num_heads},)")
         self.num_heads, self.num_kv_heads, self.head_size, self.scale = num_heads, num_kv_heads, head_size, scale
+        self.options = AttentionOptions(sliding_window, logits_soft_cap, sinks is not None)
+        self.__dict__["sinks"] = sinks  # not a submodule parameter: the caller owns and loads it
         self.kv_cache: torch.Tensor | None = None
         self.layer_name = ""
 
+    @property
+    def sliding_window(self) -> int | None:
+        return self.options.sliding_window
+
     def kv_cache_spec(self, layer_name: str, dtype: torch.dtype) -> PagedCacheSpec:
         self.layer_name = layer_name
-        return PagedCacheSpec(layer_name, self.num_kv_heads, self.head_size, dtype, num_parts=2)
+        return PagedCacheSpec(layer_name, self.num_kv_heads, self.head_size, dtype, num_parts=2,
+                              sliding_window=self.options.sliding_window, features=self.options.features())
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, heads*D] or [T, heads, D]; returns [T, heads*D]."""
@@ -42,5 +66,9 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_size)
         v = v.view(-1, self.num_kv_heads, self.head_size)
         ctx.backend.write_kv(self.kv_cache, k, v, ctx.attn_metadata)
-        out = ctx.backend.forward(q, self.kv_cache, ctx.attn_metadata, self.scale)
+        if self.options.is_plain:
+            out = ctx.backend.forward(q, self.kv_cache, ctx.attn_metadata, self.scale)
+        else:
+            out = ctx.backend.forward(q, self.kv_cache, ctx.attn_metadata, self.scale,
+                                      options=self.options, sinks=self.sinks)
         return out.reshape(q.shape[0], self.num_heads * self.head_size)
