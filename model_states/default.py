@@ -19,6 +19,7 @@ def attn_metadata_from_batch(batch: InputBatch, causal: bool = True) -> AttnMeta
         max_query_len=batch.max_query_len,
         max_seq_len=batch.max_seq_len,
         causal=causal,
+        kv_groups=tuple(zip(batch.group_block_tables, batch.group_slot_mappings)),
     )
 
 

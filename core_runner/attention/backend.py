@@ -1,6 +1,7 @@
 """The attention backend interface and the metadata every backend reads."""
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,26 @@ class AttnMetadata:
     max_seq_len: int
     causal: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
+    # (block_tables, slot_mapping) of KV cache groups 1.. (core_runner/kv_cache_groups.py);
+    # the fields above are group 0's
+    kv_groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+
+    def for_group(self, group: int) -> AttnMetadata:
+        """This metadata with KV cache group ``group``'s block tables and slot mapping."""
+        if group == 0:
+            return self
+        views = self.extra.setdefault("_kv_group_views", {})
+        md = views.get(group)
+        if md is None:
+            if group > len(self.kv_groups):
+                raise RuntimeError(
+                    f"a layer of KV cache group {group} ran with metadata of {len(self.kv_groups) + 1} group(s): "
+                    "the ModelState's prepare_attn must pass the batch's group tables (attn_metadata_from_batch "
+                    "does)")
+            bt, sm = self.kv_groups[group - 1]
+            md = dataclasses.replace(self, block_tables=bt, slot_mapping=sm, extra=self.extra)
+            views[group] = md
+        return md
 
 
 class AttentionBackend(ABC):

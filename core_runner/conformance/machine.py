@@ -111,7 +111,7 @@ def random_lifecycles(ctx: Ctx) -> None:
                 if got:
                     ctx.expect_greedy(prompt, got, f"{rid} in flight", len(got))
             # the prefix cache shares blocks between requests: count each held block once
-            held = len({b for r in sched.requests.values() for b in r.block_ids})
+            held = len({b for r in sched.requests.values() for b in sched.kv.held(r.block_ids)})
             free = self.engine.debug.num_free_blocks
             if held + free != self.engine.num_blocks:
                 fail(f"KV blocks leaked: {held} held + {free} free != {self.engine.num_blocks}")

@@ -185,7 +185,7 @@ def _gpu_memory_utilization(ctx: Ctx) -> str:
     from core_runner.config import EngineConfig
 
     rep = ctx.engine().memory_report()
-    block_bytes = rep["kv_bytes_per_token"] * 4
+    block_bytes = rep["kv_pool_bytes_per_token"] * 4
     # an idle device (free = total) where 0.05 of the total holds 500 blocks beyond 65 rows of state
     total = int((block_bytes * 500 + rep["state_bytes_per_row"] * 65) / 0.05)
     sizes = [_blocks_for(ctx, (total, total), gpu_memory_utilization=u) for u in (0.05, 0.1)]
@@ -228,7 +228,7 @@ def _generation_config(ctx: Ctx) -> str:
 @probe("kv_cache_memory_fraction")
 def _kv_fraction(ctx: Ctx) -> str:
     rep = ctx.engine().memory_report()
-    block_bytes = rep["kv_bytes_per_token"] * 4
+    block_bytes = rep["kv_pool_bytes_per_token"] * 4
     # at fraction 0.05 the budget is 500 blocks beyond the row state of 65 rows; 0.1 gives more
     fake_free = int((block_bytes * 500 + rep["state_bytes_per_row"] * 65) / 0.05)
     sizes = [_blocks_for(ctx, fake_free, kv_cache_memory_fraction=f) for f in (0.05, 0.1)]

@@ -38,7 +38,7 @@ def snapshot(engine: Any) -> dict[str, Any]:
             snap[f"host.model_state.{name}"] = value
     snap["host.req_id_to_row"] = engine.debug.rows()
     snap["host.free_rows"] = list(rs.free_rows)
-    snap["host.num_blocks_cpu"] = list(rs.num_blocks_cpu)
+    snap["host.num_blocks_cpu"] = [list(c) for c in rs.num_blocks_cpu]
     snap["host.sampling"] = engine.debug.sampling_host_state()
     staged = [v for v in (*vars(rs).values(), *vars(ss).values()) if hasattr(v, "has_staged")]
     snap["host.staged"] = [t.has_staged for t in staged]
@@ -46,7 +46,7 @@ def snapshot(engine: Any) -> dict[str, Any]:
     snap["host.scheduler"] = (
         engine.debug.num_free_blocks, engine.debug.num_preemptions, [r.req_id for r in sched.running],
         [r.req_id for r in sched.waiting],
-        {rid: (r.num_computed_tokens, list(r.block_ids), list(r.output_token_ids))
+        {rid: (r.num_computed_tokens, [list(b) for b in r.block_ids], list(r.output_token_ids))
          for rid, r in sched.requests.items()},
     )
     return snap
@@ -84,7 +84,7 @@ def fill_garbage(t: torch.Tensor, index: Any, gen: torch.Generator, int_high: in
 
 
 def free_block_ids(engine: Any) -> list[int]:
-    used = {b for r in engine.scheduler.requests.values() for b in r.block_ids}
+    used = {b for r in engine.scheduler.requests.values() for b in engine.scheduler.kv.held(r.block_ids)}
     return [b for b in range(engine.num_blocks) if b not in used]
 
 

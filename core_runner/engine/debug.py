@@ -159,6 +159,22 @@ class EngineDebug:
     def num_dummy_runs(self) -> int:
         return self._engine.runner.num_dummy_runs
 
+    def kv_cache_groups(self) -> list[dict]:
+        """Each KV cache group (kv_cache_groups.py): its sliding window (None: full), its
+        layers, and the distinct blocks its running requests hold now."""
+        sched = self._engine.scheduler
+        out = []
+        for g, grp in enumerate(self._engine.runner.kv_layout.groups):
+            held = {b for r in sched.requests.values() for b in r.block_ids[g] if b >= 0}
+            out.append({"sliding_window": grp.sliding_window, "layers": list(grp.layer_names),
+                        "blocks_held": len(held)})
+        return out
+
+    def blocks_held(self, req_id: str) -> list[int]:
+        """Blocks request ``req_id`` holds now, per KV cache group."""
+        req = self._engine.scheduler.requests[req_id]
+        return [sum(1 for b in ids if b >= 0) for ids in req.block_ids]
+
     @property
     def num_free_blocks(self) -> int:
         return self._engine.scheduler.pool.num_free

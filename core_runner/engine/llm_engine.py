@@ -129,11 +129,11 @@ class LLMEngine:
         state_cls = type(self.model_state)
         self.memory_probe = memory_probe or available_memory
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
-        if self.num_blocks < config.max_blocks_per_req:
+        one = self._blocks_per_request()
+        if self.num_blocks < one:
             raise ValueError(
                 f"num_kv_blocks={self.num_blocks} cannot hold one request of max_model_len={config.max_model_len} "
-                f"(needs {config.max_blocks_per_req} blocks of {config.block_size}); raise num_kv_blocks or "
-                "lower max_model_len"
+                f"(needs {one} blocks of {config.block_size}); raise num_kv_blocks or lower max_model_len"
             )
         self.executor.initialize_kv_cache(self.num_blocks)
         self.executor.capture_graphs()
@@ -143,6 +143,7 @@ class LLMEngine:
             chunked_prefill=self.plan.chunked_prefill, enable_prefix_caching=self.plan.prefix_caching,
             num_speculative_tokens=self.plan.num_speculative_tokens,
             num_lookahead_tokens=self.plan.num_speculative_tokens if self.runner.drafter is not None else 0,
+            kv_cache_windows=[g.sliding_window for g in self.runner.kv_layout.groups],
         )
         self.core = EngineCore(scheduler, self.executor, self.plan.async_scheduling)
         self.tokenizer = load_tokenizer(resolve_tokenizer(config, self.model_path))
@@ -195,23 +196,41 @@ class LLMEngine:
 
     # ---- memory -------------------------------------------------------------------
     def memory_report(self) -> dict[str, int]:
+        """kv_bytes_per_token: every paged layer's entry for one token (what attention reads
+        per token of context); kv_pool_bytes_per_token: what a block id costs per token
+        (less when KV cache groups share memory, kv_cache_groups.py)."""
         specs = self.runner.cache_specs()
         per_token = sum(s.bytes_per_token() for s in specs if isinstance(s, PagedCacheSpec))
         per_row = sum(s.bytes_per_row() for s in specs if isinstance(s, RowStateSpec))
-        return {"kv_bytes_per_token": per_token, "state_bytes_per_row": per_row,
-                "num_blocks": getattr(self, "num_blocks", 0)}
+        pool_per_token = self.runner.kv_layout.pool_bytes_per_token(specs)
+        return {"kv_bytes_per_token": per_token, "kv_pool_bytes_per_token": pool_per_token,
+                "state_bytes_per_row": per_row, "num_blocks": getattr(self, "num_blocks", 0),
+                "kv_cache_groups": self.runner.kv_layout.num_groups}
+
+    def _blocks_per_request(self) -> int:
+        """The most blocks one request can hold at once: a full group covers max_model_len,
+        a windowed one its window plus a step's tokens (and speculation's rollback margin)."""
+        c = self.config
+        total = 0
+        for g in self.runner.kv_layout.groups:
+            if g.sliding_window is None:
+                total += c.max_blocks_per_req
+            else:
+                span = g.sliding_window - 1 + self.plan.num_speculative_tokens + c.max_num_batched_tokens
+                total += min(c.max_blocks_per_req, -(-span // c.block_size) + 1)
+        return total
 
     def _blocks_from_memory(self) -> int:
         rep = self.memory_report()
         c = self.config
         row_bytes = rep["state_bytes_per_row"] * (c.max_num_seqs + 1)
-        block_bytes = max(1, rep["kv_bytes_per_token"] * c.block_size)
+        block_bytes = max(1, rep["kv_pool_bytes_per_token"] * c.block_size)
         activations = self._profile_activation_bytes()
         free, total = read_memory(self.memory_probe, torch.device(c.device))
         # the ranks of a node share its host memory; each GPU rank has its own device memory
         sharing = c.tensor_parallel_size // c.nnodes if c.device == "cpu" else 1
         budget = kv_cache_budget(c, free, total, activations) // sharing - row_bytes
-        useful = c.max_num_seqs * c.max_blocks_per_req  # more blocks than this can never be used
+        useful = c.max_num_seqs * self._blocks_per_request()  # more blocks than this can never be used
         n = min(useful, budget // block_bytes)
         logger.info("KV pool sized from memory: %d blocks (%.1f MiB; %.1f MiB free of %.1f MiB, activation peak "
                     "%.1f MiB)", n, n * block_bytes / 2**20, free / 2**20, total / 2**20, activations / 2**20)

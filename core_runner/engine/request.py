@@ -31,7 +31,8 @@ class Request:
     # as tokens (and as computed) until the step's result says how many were kept
     num_pending: int = 0
     num_inflight_drafts: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    # one list per KV cache group (engine/kv_manager.py), NULL_BLOCK where a window let go
+    block_ids: list[list[int]] = field(default_factory=lambda: [[]])
     finish_reason: str | None = None
     num_preemptions: int = 0
     # set when the request (re-)enters the runner and cleared once it is sent

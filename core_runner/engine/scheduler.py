@@ -21,6 +21,9 @@ run in order, so a block scheduled now may be shared by any later step; output t
 blocks are registered once the sampled ids are known (they are pending under async
 scheduling). Requests that may not take cached blocks (``Request.prefix_cacheable``)
 still register theirs. A failed step's requests free their blocks uncached.
+
+Blocks are kept per KV cache group (``engine/kv_manager.py``): a request holds one list per
+group, and a sliding-window group gives back the blocks its window has left.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ import time
 from collections import deque
 
 from core_runner.engine.block_hash import extend_hashes
-from core_runner.engine.block_pool import BlockPool
+from core_runner.engine.kv_manager import KVCacheManager
 from core_runner.engine.request import Request, RequestStatus
 from core_runner.runner.output import ModelRunnerOutput
 from core_runner.step_data.scheduler_output import NewRequest, SchedulerOutput
@@ -46,13 +49,16 @@ class Scheduler:
         self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
         block_size: int, num_blocks: int, chunked_prefill: bool = True, enable_prefix_caching: bool = False,
         num_speculative_tokens: int = 0, num_lookahead_tokens: int = 0,
+        kv_cache_windows: list[int | None] | None = None,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.chunked_prefill = chunked_prefill
-        self.pool = BlockPool(num_blocks)
+        # one entry per KV cache group: its sliding window (None: full attention)
+        self.kv = KVCacheManager(kv_cache_windows or [None], num_blocks, block_size, margin=num_speculative_tokens)
+        self.pool = self.kv.pool
         self.caching = enable_prefix_caching
         # tokens looked up in the prefix cache at admission, and of them the tokens found
         # (vLLM's prefix_cache_queries / prefix_cache_hits)
@@ -79,6 +85,7 @@ class Scheduler:
         if req.req_id in self.requests:
             raise ValueError(f"request id {req.req_id!r} is already in use")
         self.requests[req.req_id] = req
+        req.block_ids = self.kv.new_table()
         self.waiting.append(req)
 
     def abort(self, req_id: str) -> Request | None:
@@ -100,8 +107,8 @@ class Scheduler:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         req.finish_time = time.perf_counter()
-        self.pool.free(req.block_ids, uncache=uncache)
-        req.block_ids = []
+        self.kv.free(req.block_ids, uncache=uncache)
+        req.block_ids = self.kv.new_table()
         del self.requests[req.req_id]
 
     def fail(self, req_ids: list[str]) -> list[Request]:
@@ -118,8 +125,8 @@ class Scheduler:
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
         self.running.remove(req)
-        self.pool.free(req.block_ids)
-        req.block_ids = []
+        self.kv.free(req.block_ids)
+        req.block_ids = self.kv.new_table()
         req.num_computed_tokens = 0
         req.num_cached_blocks = 0
         req.status = RequestStatus.PREEMPTED
@@ -141,18 +148,11 @@ class Scheduler:
         self._forced_preemptions |= out.preempted_req_ids
 
     # the helpers below run once per request per step: keep them lean
-    def _grow(self, req: Request, n: int, num_tokens: int) -> list[int] | None:
+    def _grow(self, req: Request, n: int, num_tokens: int) -> list[list[int]] | None:
         end = req.num_computed_tokens + n
         if self.num_lookahead and end >= num_tokens:
             end = min(end + self.num_lookahead, self.max_model_len)
-        need = -(-end // self.block_size) - len(req.block_ids)
-        if need <= 0:
-            return []
-        if need > self.pool.num_free:
-            return None
-        new = self.pool.allocate(need)
-        req.block_ids.extend(new)
-        return new
+        return self.kv.grow(req.block_ids, req.num_computed_tokens, end)
 
     def _wants_tokens(self, req: Request, num_tokens: int) -> int:
         if num_tokens >= self.max_model_len or req.fully_scheduled:
@@ -189,8 +189,7 @@ class Scheduler:
             return
         tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
         hashes = extend_hashes(req.block_hashes, tokens, self.block_size)
-        for i in range(req.num_cached_blocks, full):
-            self.pool.cache(req.block_ids[i], hashes[i])
+        self.kv.cache(req.block_ids, hashes, req.num_cached_blocks, full)
         req.num_cached_blocks = full
 
     def _take_cached(self, req: Request) -> None:
@@ -201,15 +200,12 @@ class Scheduler:
         if not req.prefix_cacheable:
             return
         hashes = extend_hashes(req.block_hashes, req.all_token_ids, self.block_size)
-        hit = self.pool.lookup(hashes[: (num_tokens - 1) // self.block_size])
-        if self.num_lookahead:
-            # a draft's KV at a block's last slot read the token after it, which this request
-            # may not share: the last hit block is computed again (vLLM's rule for EAGLE)
-            hit = hit[:-1]
+        # with a draft model, a draft's KV at a block's last slot read the token after it, which
+        # this request may not share: the last hit block is computed again (vLLM's rule for EAGLE)
+        table, hit = self.kv.take_cached(hashes, (num_tokens - 1) // self.block_size, bool(self.num_lookahead))
         if hit:
-            self.pool.touch(hit)
-            req.block_ids = hit
-            req.num_computed_tokens = req.num_cached_blocks = len(hit)
+            req.block_ids = table
+            req.num_computed_tokens = req.num_cached_blocks = hit
             req.num_computed_tokens *= self.block_size
         if not req.num_preemptions:  # RequestOutput reports the first admission's hit
             req.num_cached_tokens = req.num_computed_tokens
@@ -219,8 +215,8 @@ class Scheduler:
         """Give back the cached blocks of a request that could not be admitted after all."""
         self.prefix_cache_queries -= req.num_tokens
         self.prefix_cache_hits -= req.num_computed_tokens
-        self.pool.free(req.block_ids)
-        req.block_ids, req.num_computed_tokens, req.num_cached_blocks = [], 0, 0
+        self.kv.free(req.block_ids)
+        req.block_ids, req.num_computed_tokens, req.num_cached_blocks = self.kv.new_table(), 0, 0
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached block (running requests keep theirs); returns how many."""
@@ -249,7 +245,7 @@ class Scheduler:
                 new_blocks = self._grow(req, n + k, num_tokens)
             if new_blocks is None:
                 break
-            if new_blocks:
+            if any(new_blocks):
                 out.new_block_ids[req.req_id] = new_blocks
             if k:
                 out.spec_token_counts[req.req_id] = k
@@ -266,7 +262,7 @@ class Scheduler:
             left = req.num_tokens - req.num_computed_tokens
             n = min(left, budget)
             if (n < left and not self.chunked_prefill) or self._grow(req, n, req.num_tokens) is None:
-                if self.caching and req.block_ids:
+                if self.caching and req.num_computed_tokens:
                     self._untake_cached(req)
                 break
             self.waiting.popleft()
@@ -274,7 +270,7 @@ class Scheduler:
             self.running.append(req)
             out.new_reqs.append(NewRequest(
                 req_id=req.req_id, token_ids=req.all_token_ids, num_prompt_tokens=req.num_prompt_tokens,
-                sampling_params=req.sampling_params, seed=req.seed, block_ids=list(req.block_ids),
+                sampling_params=req.sampling_params, seed=req.seed, block_ids=[list(b) for b in req.block_ids],
                 pooling_params=req.pooling_params, eos_token_ids=req.eos_token_ids,
                 prompt_logprobs_start=len(req.prompt_logprobs) if req.prompt_logprobs is not None else 1,
                 num_computed_tokens=req.num_computed_tokens, speculative=req.speculative and self.num_spec > 0,

@@ -46,6 +46,7 @@ class Attention(nn.Module):
         self.options = AttentionOptions(sliding_window, logits_soft_cap, sinks is not None)
         self.__dict__["sinks"] = sinks  # not a submodule parameter: the caller owns and loads it
         self.kv_cache: torch.Tensor | None = None
+        self.kv_cache_group = 0  # set by the runner (core_runner/kv_cache_groups.py)
         self.layer_name = ""
 
     @property
@@ -65,10 +66,10 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_size)
         k = k.view(-1, self.num_kv_heads, self.head_size)
         v = v.view(-1, self.num_kv_heads, self.head_size)
-        ctx.backend.write_kv(self.kv_cache, k, v, ctx.attn_metadata)
+        md = ctx.attn_metadata.for_group(self.kv_cache_group) if self.kv_cache_group else ctx.attn_metadata
+        ctx.backend.write_kv(self.kv_cache, k, v, md)
         if self.options.is_plain:
-            out = ctx.backend.forward(q, self.kv_cache, ctx.attn_metadata, self.scale)
+            out = ctx.backend.forward(q, self.kv_cache, md, self.scale)
         else:
-            out = ctx.backend.forward(q, self.kv_cache, ctx.attn_metadata, self.scale,
-                                      options=self.options, sinks=self.sinks)
+            out = ctx.backend.forward(q, self.kv_cache, md, self.scale, options=self.options, sinks=self.sinks)
         return out.reshape(q.shape[0], self.num_heads * self.head_size)

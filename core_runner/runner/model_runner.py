@@ -17,6 +17,7 @@ from core_runner.config import EngineConfig
 from core_runner.distributed import get_tp_group, use_tp_group
 from core_runner.forward_context import set_forward_context
 from core_runner.kernels.input_prep import post_update_ref, prepare_inputs_ref
+from core_runner.kv_cache_groups import plan_kv_cache_layout
 from core_runner.kv_cache_spec import KVCacheSpec, PagedCacheSpec, RowStateSpec
 from core_runner.model_state import ModelState
 from core_runner.runner.async_output import AsyncOutput
@@ -86,17 +87,33 @@ class ModelRunner:
         if drafter is not None:
             self.drafter = DraftRunner(drafter, self.spec.num_speculative_tokens, self.req_state, model_state, backend,
                                        "triton" if triton_kernels else "torch", self.block_size, config.max_model_len)
+        # which paged layers share a block table (and memory): kv_cache_groups.py
+        self.kv_layout = plan_kv_cache_layout(self.cache_specs())
+        self.req_state.set_num_kv_groups(self.kv_layout.num_groups)
+        self.inputs.add_kv_groups(self.kv_layout.num_groups)
+        self._bind_kv_groups()
 
     def cache_specs(self) -> list[KVCacheSpec]:
         """Every cache to allocate: the ModelState's, then the draft model's (``drafter.``)."""
         specs = self.model_state.kv_cache_specs()
         return specs + self.drafter.cache_specs() if self.drafter is not None else specs
 
+    def _bind_kv_groups(self) -> None:
+        """Tell each paged layer its KV cache group (it reads that group's block table)."""
+        group_of = self.kv_layout.group_of()
+        modules = [("", self.model)] + ([("drafter.", self.drafter.model)] if self.drafter is not None else [])
+        for prefix, root in modules:
+            for name, module in root.named_modules():
+                if callable(getattr(module, "kv_cache_spec", None)):
+                    module.kv_cache_group = group_of.get(prefix + name, 0)
+
     # ---- memory -------------------------------------------------------------------
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        for spec in self.cache_specs():
+        specs = self.cache_specs()
+        self.kv_caches.update(self.kv_layout.allocate(specs, num_blocks, self.block_size, self.device))
+        for spec in specs:
             if isinstance(spec, PagedCacheSpec):
-                self.kv_caches[spec.layer_name] = spec.allocate(num_blocks, self.block_size, self.device)
+                continue
             elif isinstance(spec, RowStateSpec):
                 self.kv_caches[spec.layer_name] = spec.allocate(self.req_state.num_rows, self.device)
             else:
@@ -200,8 +217,11 @@ class ModelRunner:
             prep = prepare_inputs_triton(*args, out=self.inputs.out)
         else:
             prep = prepare_inputs_ref(*args)
+        group_tables, group_slots = self._group_inputs(tables, idx, qsl, prep["positions"], prep["slot_mapping"])
         if dummy:
             prep["slot_mapping"].fill_(-1)
+            for t in group_slots:
+                t.fill_(-1)
         computed_cpu = torch.tensor(computed, dtype=torch.int32)
         if self.exact_host_lengths and not dummy:
             seq_cpu[:n] = prep["seq_lens"][:n].cpu()
@@ -215,7 +235,32 @@ class ModelRunner:
             max_query_len=(1 if key.decode else t_pad) if key else max(q_lens),
             max_seq_len=self.config.max_model_len if key else int(seq_cpu.max()),
             is_dummy=dummy, num_reqs_padded=r_pad, num_tokens_padded=t_pad, graph_key=key,
+            group_block_tables=group_tables, group_slot_mappings=group_slots,
         )
+
+    def _group_inputs(self, tables: dict[str, torch.Tensor], idx: torch.Tensor, qsl: torch.Tensor,
+                      positions: torch.Tensor, slots0: torch.Tensor) -> tuple[tuple, tuple]:
+        """Block tables and slot mappings of KV cache groups 1.. (group 0's come from input
+        prep), written into static buffers on the device: no host read, graph-safe."""
+        n = self.kv_layout.num_groups
+        if n == 1:
+            return (), ()
+        t = positions.shape[0]
+        r = idx.shape[0]
+        req = torch.searchsorted(qsl[1:r + 1], torch.arange(t, device=qsl.device, dtype=qsl.dtype), right=True)
+        req = req.clamp_(max=max(r - 1, 0))
+        pos = positions.long()
+        out_tables, out_slots = [], []
+        for g in range(1, n):
+            bt = self.inputs.out[f"block_tables.{g}"][:r]
+            torch.index_select(tables[f"block_table.{g}"], 0, idx.long(), out=bt)
+            blk = bt[req, pos // self.block_size].long()
+            sl = self.inputs.out[f"slot_mapping.{g}"][:t]
+            sl.copy_(blk * self.block_size + pos % self.block_size)
+            sl.masked_fill_(slots0 < 0, -1)
+            out_tables.append(bt)
+            out_slots.append(sl)
+        return tuple(out_tables), tuple(out_slots)
 
     def _forward(self, batch: InputBatch) -> tuple[Any, AttnMetadata]:
         # 6. family-specific inputs and metadata; 7. forward (graph replay when one fits)

@@ -39,6 +39,9 @@ class InputBatch:
     spec_counts: list[int] | None = None
     # speculative decoding: the requests (indices) that sample and get proposals after this step
     propose_reqs: list[int] | None = None
+    # KV cache groups 1.. (kv_cache_groups.py): their block tables and slot mappings
+    group_block_tables: tuple[torch.Tensor, ...] = ()
+    group_slot_mappings: tuple[torch.Tensor, ...] = ()
 
 
 class InputBuffers:
@@ -65,6 +68,13 @@ class InputBuffers:
             "block_tables": torch.zeros((r, max_blocks), dtype=i32, device=device),
             "logits_indices": torch.zeros(r, dtype=i64, device=device),
         }
+
+    def add_kv_groups(self, n: int) -> None:
+        """Static block tables and slot mappings for KV cache groups 1..n-1."""
+        bt, sm = self.out["block_tables"], self.out["slot_mapping"]
+        for g in range(1, n):
+            self.out[f"block_tables.{g}"] = torch.zeros_like(bt)
+            self.out[f"slot_mapping.{g}"] = torch.full_like(sm, -1)
 
     def stage(self, rows: list[int], q_lens: list[int], num_reqs_pad: int, pad_row: int) -> tuple[
         torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor

@@ -23,7 +23,8 @@ class NewRequest:
     num_prompt_tokens: int
     sampling_params: SamplingParams | None
     seed: int
-    block_ids: list[int]
+    # one list per KV cache group (a flat list means group 0 of a one-group model)
+    block_ids: list[list[int]] | list[int]
     pooling_params: object | None = None
     eos_token_ids: tuple[int, ...] = ()
     prompt_logprobs_start: int = 1
@@ -38,7 +39,7 @@ class NewRequest:
 class SchedulerOutput:
     new_reqs: list[NewRequest] = field(default_factory=list)
     # blocks appended to requests already in the runner
-    new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    new_block_ids: dict[str, list[list[int]]] = field(default_factory=dict)  # per KV cache group
     # tokens to compute this step, in batch order (decode first)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     # tokens already in the cache before this step

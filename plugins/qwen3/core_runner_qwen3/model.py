@@ -53,7 +53,7 @@ class Qwen3Attention(nn.Module):
     layer), ``max_position`` the RoPE table's length (the config's by default)."""
 
     def __init__(self, config: Any, *, input_size: int | None = None, qk_norm: bool = True,
-                 max_position: int | None = None) -> None:
+                 max_position: int | None = None, sliding_window: int | None = None) -> None:
         super().__init__()
         h = config.hidden_size
         total_heads = config.num_attention_heads
@@ -67,7 +67,8 @@ class Qwen3Attention(nn.Module):
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
         self.rotary_emb = get_rope(config, self.head_dim, max_position=max_position)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5,
+                              sliding_window=sliding_window)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
 
@@ -102,9 +103,9 @@ class Qwen3DecoderLayer(nn.Module):
     first norm (EAGLE's first layer: its input enters attention as it is)."""
 
     def __init__(self, config: Any, mlp: nn.Module | None = None, attn: nn.Module | None = None,
-                 input_layernorm: bool = True) -> None:
+                 input_layernorm: bool = True, sliding_window: int | None = None) -> None:
         super().__init__()
-        self.self_attn = attn if attn is not None else Qwen3Attention(config)
+        self.self_attn = attn if attn is not None else Qwen3Attention(config, sliding_window=sliding_window)
         self.mlp = mlp if mlp is not None else Qwen3MLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps) if input_layernorm else None
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -121,6 +122,18 @@ class Qwen3DecoderLayer(nn.Module):
         x = self.self_attn(positions, x)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+
+def layer_window(config: Any, layer_idx: int) -> int | None:
+    """The sliding window of layer ``layer_idx`` as transformers applies it: from
+    ``layer_types`` where the config has them (Qwen3: layers from max_window_layers on when
+    use_sliding_window), else ``sliding_window`` on every layer (Qwen3-MoE); the configs
+    set sliding_window to None unless use_sliding_window."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    if window is None or types is None:
+        return window
+    return window if types[layer_idx] == "sliding_attention" else None
 
 
 def eagle3_default_layers(num_layers: int) -> tuple[int, ...]:
@@ -145,7 +158,7 @@ class Qwen3Model(nn.Module):
 
     def __init__(self, config: Any, make_layer: Callable[[Any, int], nn.Module] | None = None) -> None:
         super().__init__()
-        make_layer = make_layer or (lambda cfg, _i: Qwen3DecoderLayer(cfg))
+        make_layer = make_layer or (lambda cfg, i: Qwen3DecoderLayer(cfg, sliding_window=layer_window(cfg, i)))
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(make_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)

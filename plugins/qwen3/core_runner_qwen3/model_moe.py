@@ -19,7 +19,7 @@ from torch import nn
 from core_runner.layers import Linear, ParallelLMHead
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.moe_routing import softmax_topk
-from core_runner_qwen3.model import AuxHiddenStates, Qwen3DecoderLayer, Qwen3Model
+from core_runner_qwen3.model import AuxHiddenStates, Qwen3DecoderLayer, Qwen3Model, layer_window
 
 
 class Qwen3MoeSparseBlock(nn.Module):
@@ -43,7 +43,8 @@ def is_sparse_layer(config: Any, layer_idx: int) -> bool:
 
 def moe_decoder_layer(config: Any, layer_idx: int) -> Qwen3DecoderLayer:
     """A Qwen3 decoder layer whose MLP is sparse where the config says so."""
-    return Qwen3DecoderLayer(config, Qwen3MoeSparseBlock(config) if is_sparse_layer(config, layer_idx) else None)
+    return Qwen3DecoderLayer(config, Qwen3MoeSparseBlock(config) if is_sparse_layer(config, layer_idx) else None,
+                             sliding_window=layer_window(config, layer_idx))
 
 
 class Qwen3MoeForCausalLM(AuxHiddenStates, nn.Module):

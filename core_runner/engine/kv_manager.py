@@ -1,0 +1,117 @@
+"""Block bookkeeping per KV cache group (``core_runner.kv_cache_groups``) for the scheduler.
+
+A request holds one list of block ids per group, indexed by block position (block i
+holds tokens [i * block_size, (i + 1) * block_size)). In a sliding-window group a block
+that every future query's window has left is given back to the pool and its entry
+becomes ``NULL_BLOCK``; no attention kernel reads it (they start at the first row's
+window). "Future" allows for speculation: a verification step may roll back up to
+``margin`` (= proposals per step) positions, so those stay held.
+
+Prefix cache: blocks are registered per group under (group, chained block hash). A hit
+of H blocks needs, in a full group, blocks [0, H) and, in a group with window w, the
+blocks from the one holding position H * block_size - w + 1 up to H - 1: the first
+computed query then finds every key of its window (vLLM's sliding-window hit rule).
+The longest H that every group satisfies is taken.
+"""
+from __future__ import annotations
+
+from core_runner.engine.block_pool import BlockPool
+
+NULL_BLOCK = -1
+
+
+class KVCacheManager:
+    def __init__(self, windows: list[int | None], num_blocks: int, block_size: int, margin: int = 0) -> None:
+        self.windows = list(windows) or [None]
+        self.block_size = block_size
+        self.margin = margin
+        self.pool = BlockPool(num_blocks)
+
+    @property
+    def num_groups(self) -> int:
+        return len(self.windows)
+
+    def new_table(self) -> list[list[int]]:
+        return [[] for _ in self.windows]
+
+    def held(self, table: list[list[int]]) -> list[int]:
+        return [b for ids in table for b in ids if b != NULL_BLOCK]
+
+    def free(self, table: list[list[int]], uncache: bool = False) -> None:
+        for ids in table:
+            self.pool.free([b for b in ids if b != NULL_BLOCK], uncache=uncache)
+
+    def _first_needed(self, g: int, num_computed: int) -> int:
+        w = self.windows[g]
+        if w is None:
+            return 0
+        return max(0, num_computed - self.margin - w + 1) // self.block_size
+
+    def release_out_of_window(self, table: list[list[int]], num_computed: int) -> None:
+        for g, ids in enumerate(table):
+            first = min(self._first_needed(g, num_computed), len(ids))
+            gone = [b for b in ids[:first] if b != NULL_BLOCK]
+            if gone:
+                self.pool.free(gone)
+                ids[:first] = [NULL_BLOCK] * first
+
+    def grow(self, table: list[list[int]], num_computed: int, end: int) -> list[list[int]] | None:
+        """Blocks up to token ``end`` in every group (None: the pool cannot supply them);
+        blocks the windows have left are released first."""
+        self.release_out_of_window(table, num_computed)
+        want = -(-end // self.block_size)
+        need = [max(0, want - len(ids)) for ids in table]
+        total = sum(need)
+        if total == 0:
+            return [[] for _ in table]
+        if total > self.pool.num_free:
+            return None
+        new = [self.pool.allocate(n) if n else [] for n in need]
+        for ids, more in zip(table, new):
+            ids.extend(more)
+        return new
+
+    # ---- prefix cache -----------------------------------------------------------------
+    def cache(self, table: list[list[int]], hashes: list, start: int, end: int) -> None:
+        for g, ids in enumerate(table):
+            for i in range(start, end):
+                if ids[i] != NULL_BLOCK:
+                    self.pool.cache(ids[i], (g, hashes[i]))
+
+    def _valid(self, g: int, n: int, found: list[list[bool]]) -> bool:
+        lo = self._first_needed_for_hit(g, n)
+        return all(found[g][lo:n])
+
+    def _first_needed_for_hit(self, g: int, n: int) -> int:
+        w = self.windows[g]
+        return 0 if w is None else max(0, n * self.block_size - w + 1) // self.block_size
+
+    def _longest_hit(self, bound: int, found: list[list[bool]]) -> int:
+        n = bound
+        while n > 0:
+            best = n
+            for g in range(self.num_groups):
+                while best > 0 and not self._valid(g, best, found):
+                    best -= 1
+            if best == n:
+                return n
+            n = best
+        return 0
+
+    def take_cached(self, hashes: list, limit: int, drop_last: bool) -> tuple[list[list[int]], int]:
+        """The longest cached prefix of at most ``limit`` blocks every group can resume
+        from (one fewer with ``drop_last``); its blocks are referenced. Returns the table
+        (NULL_BLOCK where a window needs nothing) and the number of blocks hit."""
+        found = [[(g, h) in self.pool.cached for h in hashes[:limit]] for g in range(self.num_groups)]
+        n = self._longest_hit(limit, found)
+        if drop_last and n:
+            n = self._longest_hit(n - 1, found)
+        table = self.new_table()
+        if not n:
+            return table, 0
+        for g in range(self.num_groups):
+            lo = self._first_needed_for_hit(g, n)
+            hit = [self.pool.cached[(g, h)] for h in hashes[lo:n]]
+            self.pool.touch(hit)
+            table[g] = [NULL_BLOCK] * lo + hit
+        return table, n
