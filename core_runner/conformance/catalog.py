@@ -122,6 +122,13 @@ CHECKS: tuple[Check, ...] = (
        "4,096 for unscaled RoPE; max_position_embeddings raised where the example is smaller) gives the "
        "reference's logits at every prefill chunk end and decode step, and its greedy tokens, and finishes by "
        "length with every token it asked for."),
+    _c("CR-EQ-14", "example", "checks_window:windowed_attention",
+       "Sliding windows (examples with a windowed layer): a request several windows long beside a short one, "
+       "under chunked prefill with 4-token blocks, gives the reference's logits at every chunk end and decode "
+       "step; each windowed KV cache group holds no more blocks for it than its window and one step need while "
+       "full groups hold the whole sequence; preempted mid-decode it continues the same; with prefix caching, "
+       "a request extending its prompt hits past the window and equals the cache-off engine (tokens, logits "
+       "within 1e-5)."),
     _c("CR-TP-01", "capability", "checks_parallel:tensor_parallel_equals_one_rank",
        "Tensor parallelism equals one rank: at tensor_parallel_size=2 (CPU, gloo) every example, and a "
        "one-KV-head variant where the example has as many KV heads as ranks, gives the same greedy tokens and "

@@ -60,7 +60,10 @@ def register_models(registry):
         sdk_version=SDK_RANGE,
         examples=[
             {"name": "tiny-untied", "config": {**TINY, "tie_word_embeddings": False}},
-            {"name": "tiny-tied", "config": {**TINY, "tie_word_embeddings": True, "num_key_value_heads": 4}},
+            # layer 1 attends over a window of 8 (Qwen3's use_sliding_window from max_window_layers on)
+            {"name": "tiny-tied", "config": {**TINY, "tie_word_embeddings": True, "num_key_value_heads": 4,
+                                             "use_sliding_window": True, "sliding_window": 8,
+                                             "max_window_layers": 1}},
             {"name": "qwen3-0.6b-shape", "config": QWEN3_0_6B},
         ],
     )
