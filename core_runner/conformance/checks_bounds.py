@@ -71,7 +71,7 @@ def prompt_of_max_model_len_minus_one(ctx: Ctx) -> None:
     for block_size, budget in layouts:
         blocks = -(-mml // block_size)
         where = f"block_size {block_size}, {blocks} KV blocks" + (f", budget {budget}" if budget else "")
-        e = ctx.engine(max_model_len=mml, block_size=block_size, num_kv_blocks=blocks, max_num_seqs=2,
+        e = ctx.engine(max_model_len=mml, block_size=block_size, num_kv_blocks=ctx.pool(blocks), max_num_seqs=2,
                        max_num_batched_tokens=budget)
         rec = Recorder(e)
         outs = run(e, [("a", p1, greedy(5))])
@@ -85,7 +85,7 @@ def prompt_of_max_model_len_minus_one(ctx: Ctx) -> None:
         if len(o.token_ids) != 2 or o.finish_reason != "length":
             fail(f"{where}: a prompt of {mml - 2} tokens gave {len(o.token_ids)} tokens ({o.finish_reason!r})")
         ctx.expect_greedy(p2, o.token_ids, f"{where}: prompt of max_model_len - 2")
-        if e.debug.num_free_blocks != blocks:
+        if e.debug.num_free_blocks != e.num_blocks:
             fail(f"{where}: KV blocks were not returned")
 
 

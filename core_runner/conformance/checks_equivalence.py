@@ -147,13 +147,21 @@ def preempt_resume_equals_uninterrupted(ctx: Ctx) -> None:
     prompts = ctx.ref.prompts(PREEMPT_LENGTHS, seed=11)
     budgets = [None, 7] if ctx.chunked else [None]
     for budget in budgets:
-        e = ctx.engine(max_model_len=ctx.max_model_len(64), num_kv_blocks=16 + (2 if budget else 0),
-                       max_num_batched_tokens=budget)
+        opts = dict(max_model_len=ctx.max_model_len(64), max_num_batched_tokens=budget)
+        e = ctx.engine(num_kv_blocks=ctx.pool(16 + (2 if budget else 0)), **opts)
+        windowed = any(g["sliding_window"] for g in e.debug.kv_cache_groups())
+        if windowed:
+            # windowed groups give blocks back as requests advance: the smallest pool the
+            # engine accepts (one request's peak) is the likeliest to run dry
+            e = ctx.engine(num_kv_blocks=e.blocks_per_request() + (2 if budget else 0), **opts)
         rec = Recorder(e)
         outs = run(e, [(f"p{i}", p, greedy(N_NEW)) for i, p in enumerate(prompts)])
-        where = f"small KV pool, budget {e.config.max_num_batched_tokens}"
+        where = f"small KV pool ({e.num_blocks} blocks), budget {e.config.max_num_batched_tokens}"
         if e.debug.num_preemptions == 0:
-            fail(f"setup ({where}): the small KV pool preempted nothing")
+            if not windowed:
+                fail(f"setup ({where}): the small KV pool preempted nothing")
+            ctx.note(f"{where}: windowed layers free blocks as requests advance, so the smallest pool the engine "
+                     "accepts never ran dry (the forced preemptions below and CR-EQ-14 cover resuming)")
         _greedy_all(ctx, prompts, outs, "p", N_NEW, where)
         ctx.expect_logits_match_reference(rec, outs)
         if e.debug.num_free_blocks != e.num_blocks:
@@ -248,7 +256,7 @@ def _mixed_workload(ctx: Ctx, e: Any) -> dict:
 
 
 def async_equals_sync(ctx: Ctx) -> None:
-    opts = dict(max_model_len=ctx.max_model_len(64), num_kv_blocks=18,
+    opts = dict(max_model_len=ctx.max_model_len(64), num_kv_blocks=ctx.pool(18),
                 max_num_batched_tokens=7 if ctx.chunked else None)
     sync = ctx.engine(async_scheduling=False, **opts)
     want = _mixed_workload(ctx, sync)
@@ -269,7 +277,7 @@ def _cuda_or_skip(ctx: Ctx) -> None:
 
 def _gpu_opts(ctx: Ctx, **kw: Any) -> dict:
     opts = dict(device="cuda", dtype="float32", block_size=16, max_model_len=ctx.max_model_len(128),
-                max_num_seqs=8, num_kv_blocks=64, max_num_batched_tokens=32 if ctx.chunked else None)
+                max_num_seqs=8, num_kv_blocks=ctx.pool(64), max_num_batched_tokens=32 if ctx.chunked else None)
     opts.update(kw)
     return opts
 

@@ -191,7 +191,7 @@ def settings_survive_chunking_and_preemption(ctx: Ctx) -> None:
             fail("setup: T's prompt was not chunked")
         check("chunked prefill", outs)
 
-    e = ctx.engine(max_model_len=ctx.max_model_len(64), num_kv_blocks=16,
+    e = ctx.engine(max_model_len=ctx.max_model_len(64), num_kv_blocks=ctx.pool(16),
                    max_num_batched_tokens=8 if ctx.chunked else None)
     outs = run(e, [*((f"c{i}", p, greedy(n)) for i, p in enumerate(comp)), ("T", prompt, target())])
     if outs["T"].num_preemptions == 0:
@@ -341,8 +341,8 @@ def _state_tensors(state: Any) -> dict[str, torch.Tensor]:
 
 
 def buffers_sized_from_limits(ctx: Ctx) -> None:
-    limits = [dict(max_num_seqs=2, max_model_len=ctx.max_model_len(32), block_size=4, num_kv_blocks=20),
-              dict(max_num_seqs=5, max_model_len=ctx.max_model_len(64), block_size=8, num_kv_blocks=40)]
+    limits = [dict(max_num_seqs=2, max_model_len=ctx.max_model_len(32), block_size=4, num_kv_blocks=ctx.pool(20)),
+              dict(max_num_seqs=5, max_model_len=ctx.max_model_len(64), block_size=8, num_kv_blocks=ctx.pool(40))]
     totals = []
     max_pos = ctx.ref.max_position
     for lim in limits:

@@ -183,6 +183,9 @@ def run(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict:
 # ---------------------------------------------------------------------------------
 # the per-check context
 # ---------------------------------------------------------------------------------
+_KV_GROUPS: dict[str, int] = {}  # checkpoint path -> KV cache groups of its engine
+
+
 @dataclass
 class Ctx:
     """What a check gets: its case, the plugin manager, references and engines, and a
@@ -234,8 +237,25 @@ class Ctx:
         model = opts.pop("model", str(self.ref.path))  # another checkpoint of the example (a variant)
         sizes = [opts["max_num_seqs"], opts["max_model_len"], opts["block_size"]]
         if "num_kv_blocks" not in overrides and all(isinstance(v, int) and v > 0 for v in sizes):
-            opts["num_kv_blocks"] = opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"])
+            opts["num_kv_blocks"] = self.pool(opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"]),
+                                              model)
         return LLM(model, plugins=self.pm, memory_probe=memory_probe, **opts)
+
+    def pool(self, blocks: int, model: str | None = None) -> int:
+        """num_kv_blocks holding the memory of ``blocks`` blocks of every layer: a model whose
+        KV cache groups share memory (core_runner/kv_cache_groups.py) spends one block id per
+        group where a one-group model spends one for all layers."""
+        return blocks * self.kv_cache_groups(model)
+
+    def kv_cache_groups(self, model: str | None = None) -> int:
+        from core_runner import LLM
+
+        path = model or str(self.ref.path)
+        if path not in _KV_GROUPS:
+            probe = LLM(path, plugins=self.pm, dtype=self.tolerance.dtype, device="cpu", max_model_len=16,
+                        max_num_seqs=1, block_size=4, num_kv_blocks=256, strict=False)
+            _KV_GROUPS[path] = probe.engine.memory_report()["kv_cache_groups"]
+        return _KV_GROUPS[path]
 
     def engine(self, memory_probe: Callable[[torch.device], int] | None = None, **overrides: Any) -> Any:
         return self.llm(memory_probe, **overrides).engine

@@ -35,7 +35,7 @@ def random_lifecycles(ctx: Ctx) -> None:
         def __init__(self) -> None:
             super().__init__()
             self.engine = ctx.engine(max_model_len=mml, max_num_seqs=3, block_size=BLOCK_SIZE,
-                                     num_kv_blocks=max(NUM_BLOCKS, -(-mml // BLOCK_SIZE)),
+                                     num_kv_blocks=ctx.pool(max(NUM_BLOCKS, -(-mml // BLOCK_SIZE))),
                                      max_num_batched_tokens=budget)
             self.live: dict[str, tuple[list[int], int]] = {}
             self.done: set[str] = set()

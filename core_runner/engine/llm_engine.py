@@ -129,7 +129,7 @@ class LLMEngine:
         state_cls = type(self.model_state)
         self.memory_probe = memory_probe or available_memory
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
-        one = self._blocks_per_request()
+        one = self.blocks_per_request()
         if self.num_blocks < one:
             raise ValueError(
                 f"num_kv_blocks={self.num_blocks} cannot hold one request of max_model_len={config.max_model_len} "
@@ -207,7 +207,7 @@ class LLMEngine:
                 "state_bytes_per_row": per_row, "num_blocks": getattr(self, "num_blocks", 0),
                 "kv_cache_groups": self.runner.kv_layout.num_groups}
 
-    def _blocks_per_request(self) -> int:
+    def blocks_per_request(self) -> int:
         """The most blocks one request can hold at once: a full group covers max_model_len,
         a windowed one its window plus a step's tokens (and speculation's rollback margin)."""
         c = self.config
@@ -230,7 +230,7 @@ class LLMEngine:
         # the ranks of a node share its host memory; each GPU rank has its own device memory
         sharing = c.tensor_parallel_size // c.nnodes if c.device == "cpu" else 1
         budget = kv_cache_budget(c, free, total, activations) // sharing - row_bytes
-        useful = c.max_num_seqs * self._blocks_per_request()  # more blocks than this can never be used
+        useful = c.max_num_seqs * self.blocks_per_request()  # more blocks than this can never be used
         n = min(useful, budget // block_bytes)
         logger.info("KV pool sized from memory: %d blocks (%.1f MiB; %.1f MiB free of %.1f MiB, activation peak "
                     "%.1f MiB)", n, n * block_bytes / 2**20, free / 2**20, total / 2**20, activations / 2**20)

@@ -251,11 +251,18 @@ class ModelRunner:
         req = req.clamp_(max=max(r - 1, 0))
         pos = positions.long()
         out_tables, out_slots = [], []
+        # a dummy run may exceed the static buffers (sized for real steps): it gets its own
+        static = t <= self.inputs.out["slot_mapping"].shape[0] and r <= self.inputs.out["block_tables"].shape[0]
         for g in range(1, n):
-            bt = self.inputs.out[f"block_tables.{g}"][:r]
-            torch.index_select(tables[f"block_table.{g}"], 0, idx.long(), out=bt)
+            table = tables[f"block_table.{g}"]
+            if static:
+                bt = self.inputs.out[f"block_tables.{g}"][:r]
+                torch.index_select(table, 0, idx.long(), out=bt)
+                sl = self.inputs.out[f"slot_mapping.{g}"][:t]
+            else:
+                bt = table.index_select(0, idx.long())
+                sl = torch.empty(t, dtype=slots0.dtype, device=slots0.device)
             blk = bt[req, pos // self.block_size].long()
-            sl = self.inputs.out[f"slot_mapping.{g}"][:t]
             sl.copy_(blk * self.block_size + pos % self.block_size)
             sl.masked_fill_(slots0 < 0, -1)
             out_tables.append(bt)
