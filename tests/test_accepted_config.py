@@ -41,11 +41,10 @@ def test_engine_refuses_a_config_outside_the_declaration(tmp_path):
 
     reg = load_plugins().registry.get("Qwen3ForCausalLM")
     ex = examples_of(reg)[0]
-    windowed = Reference(reg, Example("windowed", {**ex.config, "use_sliding_window": True, "sliding_window": 8,
-                                                   "max_window_layers": 0}), tmp_path)
-    with pytest.raises(UnsupportedError, match=r"use_sliding_window=True is not implemented by Qwen3ForCausalLM "
+    gelu = Reference(reg, Example("gelu", {**ex.config, "hidden_act": "gelu"}), tmp_path)
+    with pytest.raises(UnsupportedError, match=r"hidden_act='gelu' is not implemented by Qwen3ForCausalLM "
                                                r"\(plugin 'qwen3'\)"):
-        LLM(str(windowed.path), device="cpu", dtype="float32", max_model_len=64, num_kv_blocks=64)
+        LLM(str(gelu.path), device="cpu", dtype="float32", max_model_len=64, num_kv_blocks=64)
     plain = Reference(reg, ex, tmp_path)
     llm = LLM(str(plain.path), device="cpu", dtype="float32", max_model_len=64, num_kv_blocks=64)
-    assert llm.engine.registration.accepted_config["use_sliding_window"] == (False,)
+    assert llm.engine.registration.accepted_config["hidden_act"] == ("silu",)
