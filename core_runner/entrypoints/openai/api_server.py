@@ -5,7 +5,7 @@ Every request is served by one AsyncLLM (one engine thread); handlers run on uvi
 event loop (``handlers.py``). Any error is answered with OpenAI's error body on a
 connection that stays open, and the server keeps serving. A client that goes away aborts
 its requests, whether they run, wait for a row or are still being started
-(``streams.py``). Who may call what is ``access.py``.
+(``streams.py``). Who may call what is ``access.py``; SIGTERM is ``shutdown.py``.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from core_runner.entrypoints.openai.streams import ClientGone
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 1 << 20
+DEFAULT_SHUTDOWN_TIMEOUT_S = 5.0
 
 
 def default_served_name(model: str) -> str:
@@ -54,12 +55,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        llm.close()
+        llm.close(app.state.close_timeout)
 
     docs: dict[str, Any] = dict(docs_url=None, redoc_url=None, openapi_url=None) if disable_fastapi_docs else {}
     app = FastAPI(title="core-runner", lifespan=lifespan, **docs)
     app.state.llm, app.state.stats, app.state.model_name = llm, stats, name
-    app.state.draining = False  # new /v1 requests get a 503 while it is set
+    app.state.draining = False  # set by the shutdown (shutdown.GracefulServer)
+    app.state.close_timeout = 10.0  # seconds the shutdown waits for the engine thread
     app.add_middleware(Gate, api_key=api_key, protect_metrics=protect_metrics, draining=lambda: app.state.draining)
     h = Handlers(llm, name, max_body_bytes)
 
@@ -122,8 +124,11 @@ def _internal_error(e: Exception) -> APIError:
     return APIError(f"internal error: {type(e).__name__}: {e}", None, 500, type="internal_server_error")
 
 
-def serve(engine: LLMEngine, *, host: str = "127.0.0.1", port: int = 8000, **app_options: Any) -> None:
-    """Serve ``create_app(engine, **app_options)`` with uvicorn until interrupted."""
-    import uvicorn
+def serve(engine: LLMEngine, *, host: str = "127.0.0.1", port: int = 8000,
+          shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, **app_options: Any) -> None:
+    """Serve ``create_app(engine, **app_options)`` with uvicorn until SIGTERM / SIGINT
+    (``shutdown.GracefulServer``: ``shutdown_timeout`` seconds of grace)."""
+    from core_runner.entrypoints.openai.shutdown import GracefulServer
 
-    uvicorn.run(create_app(engine, **app_options), host=host, port=port, log_level="info")
+    app = create_app(engine, **app_options)
+    GracefulServer(app, shutdown_timeout, host=host, port=port, log_level="info").run()
