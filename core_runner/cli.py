@@ -173,6 +173,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ValueError(f"two models given: {a.model_arg!r} and --model {a.model!r}; give one")
     if a.headless or a.node_rank:
         return _headless(a)
+    if not a.shutdown_timeout >= 0:  # before the model loads
+        raise ValueError(f"--shutdown-timeout {a.shutdown_timeout} is invalid: expected seconds >= 0 (0 aborts the "
+                         "requests in flight at once)")
     model = a.model_arg or a.model
     if model is None:
         from core_runner.demo import demo_checkpoint

@@ -429,6 +429,7 @@ def test_cli_serve_builds_the_engine_and_passes_the_flags(chat_ckpt, monkeypatch
     assert cli.main(argv + ["--shutdown-timeout", "0", "--disable-fastapi-docs", "--protect-metrics"]) == 0
     assert seen["shutdown_timeout"] == 0 and seen["disable_fastapi_docs"] and seen["protect_metrics"]
     assert cli.main(["serve", chat_ckpt, "--model", "/elsewhere"]) == 2  # two different models
+    assert cli.main(["serve", chat_ckpt, "--shutdown-timeout", "-1"]) == 2
 
 
 def test_streamed_text_never_shows_a_stop_string(client, offline):
