@@ -173,6 +173,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise ValueError(f"two models given: {a.model_arg!r} and --model {a.model!r}; give one")
     if a.headless or a.node_rank:
         return _headless(a)
+    if not a.shutdown_timeout >= 0:  # before the model loads
+        raise ValueError(f"--shutdown-timeout {a.shutdown_timeout} is invalid: expected seconds >= 0 (0 aborts the "
+                         "requests in flight at once)")
     model = a.model_arg or a.model
     if model is None:
         from core_runner.demo import demo_checkpoint
@@ -181,7 +184,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
         print(f"# no model given: serving the built-in demo checkpoint {model} (a tiny trained model)", file=sys.stderr)
     llm = LLM(model, **_engine_options(a))
     serve(llm.engine, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
-          max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout)
+          max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout, shutdown_timeout=a.shutdown_timeout,
+          disable_fastapi_docs=a.disable_fastapi_docs, protect_metrics=a.protect_metrics)
     return 0
 
 
@@ -285,14 +289,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="checkpoint (same as --model; default: the built-in demo)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--port", type=int, default=8000)
-    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 routes")
-    s.add_argument("--served-model-name", default=None, help="the model's name in the API (default: its path)")
+    s.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on /v1 routes and the API docs (/health stays open)")
+    s.add_argument("--served-model-name", default=None,
+                   help="the model's name in the API and /metrics (default: a local checkpoint's directory name, "
+                        "a hub id as given)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
     s.add_argument("--headless", action="store_true",
                    help="run only this node's tensor-parallel ranks for node 0's engine (with --node-rank > 0)")
     s.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the engine and the server)")
     s.add_argument("--request-timeout", type=float, default=None,
                    help="abort a request running longer than this many seconds (default: no limit)")
+    s.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="on SIGTERM/SIGINT, seconds the requests in flight get before they are aborted (0: abort at "
+                        "once; new requests are refused meanwhile; a second signal exits at once)")
+    s.add_argument("--disable-fastapi-docs", action="store_true", help="serve no /docs, /redoc, /openapi.json")
+    s.add_argument("--protect-metrics", action="store_true",
+                   help="/metrics needs the --api-key too (default: open to scrapers, as /health)")
     s.set_defaults(func=cmd_serve)
     b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8), W2R (repeated prompts), W3 (shared prefixes)")
     b.add_argument("--model", default=None, help="checkpoint (default: random Qwen3-0.6B-shaped bf16)")

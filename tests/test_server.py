@@ -424,8 +424,12 @@ def test_cli_serve_builds_the_engine_and_passes_the_flags(chat_ckpt, monkeypatch
     assert cli.main(argv) == 0
     assert seen["port"] == 8123 and seen["host"] == "127.0.0.1" and seen["api_key"] == "k"
     assert seen["served_model_name"] == "tiny" and seen["max_body_bytes"] == 1 << 20
+    assert seen["shutdown_timeout"] == 5.0 and not seen["disable_fastapi_docs"] and not seen["protect_metrics"]
     assert seen["engine"].config.model == chat_ckpt
+    assert cli.main(argv + ["--shutdown-timeout", "0", "--disable-fastapi-docs", "--protect-metrics"]) == 0
+    assert seen["shutdown_timeout"] == 0 and seen["disable_fastapi_docs"] and seen["protect_metrics"]
     assert cli.main(["serve", chat_ckpt, "--model", "/elsewhere"]) == 2  # two different models
+    assert cli.main(["serve", chat_ckpt, "--shutdown-timeout", "-1"]) == 2
 
 
 def test_streamed_text_never_shows_a_stop_string(client, offline):

@@ -6,7 +6,7 @@ they put commands (add a request, abort one, run a function) on a queue that the
 thread drains before each step. The engine thread steps while requests exist and sleeps
 on the queue when none do. After each step it reads every tracked request's new tokens
 and hands a ``Delta`` to the caller's event loop with ``call_soon_threadsafe``; the
-caller's ``generate`` async iterator yields them.
+caller reads them from a ``RequestStream`` (``start``) or the ``generate`` iterator.
 
 Per-step tokens come from the live ``Request`` objects: the InputProcessor's Request is
 the one the scheduler appends sampled tokens to, so after ``step()`` the tokens a
@@ -15,8 +15,9 @@ the finished requests still come from ``step()``'s outputs (whose fields are rea
 ``final_fields`` alone).
 
 Prompt validation (``input_processor.process``) runs on the caller's thread, so a bad
-request raises in ``generate`` before anything is queued; the engine thread never uses
-the InputProcessor.
+request raises in ``start`` before anything is queued; the engine thread never uses
+the InputProcessor. ``start`` does not wait for the engine: a server starting many
+requests for one client can watch that client's connection between them.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 from core_runner.engine.detokenizer import IncrementalDetokenizer
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.request import Request
+from core_runner.engine.request_stream import Delta, RequestStream
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
@@ -40,35 +42,6 @@ try:  # tokenizers >= 0.21
     from tokenizers.decoders import DecodeStream
 except ImportError:  # pragma: no cover - older tokenizers: the engine's own detokenizer
     DecodeStream = None
-
-
-@dataclass(slots=True)
-class Delta:
-    """What one step added to a request. ``text`` and ``token_ids`` are new since the
-    previous delta; the final delta (``finished``) carries the rest, with
-    ``finish_reason`` ("stop", "length", "abort", "error", ...). ``logprobs`` holds one
-    {token id: logprob} per new token when logprobs were asked for."""
-
-    request_id: str
-    token_ids: list[int]
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-    num_prompt_tokens: int = 0
-    num_output_tokens: int = 0  # all so far
-    logprobs: list[dict[int, float]] | None = None
-    cumulative_logprob: float | None = None
-    embedding: Any = None
-
-    def then(self, later: Delta) -> Delta:
-        """This delta followed by ``later`` (of the same request) as one: the new tokens,
-        text and logprobs of both; the counts and the ending of the later."""
-        lps = None if self.logprobs is None and later.logprobs is None else \
-            (self.logprobs or []) + (later.logprobs or [])
-        return Delta(self.request_id, self.token_ids + later.token_ids, self.text + later.text, later.finished,
-                     later.finish_reason, later.stop_reason, later.num_prompt_tokens, later.num_output_tokens,
-                     lps, later.cumulative_logprob, later.embedding)
 
 
 @dataclass(slots=True)
@@ -163,6 +136,7 @@ class AsyncLLM:
         self._ids = 0
         self._flush = False
         self._closed = False
+        self._refusing: str | None = None  # why new requests are refused (see abort_all)
         self.num_aborted = 0  # requests ended by abort (by id, disconnect, timeout)
         # the scheduler's prefix-cache counters as last reported: stats get the growth since,
         # so work the engine did before this AsyncLLM (a warm-up) is not counted
@@ -172,6 +146,43 @@ class AsyncLLM:
         self._thread.start()
 
     # ---- caller side ----------------------------------------------------------------
+    def start(
+        self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
+        request_id: str | None = None, *, pooling_params: PoolingParams | None = None,
+        timeout: float | None = None,
+    ) -> RequestStream:
+        """Validate one prompt and queue its request now (no await: a caller starting many
+        requests watches its client in between). Invalid input raises ValueError and
+        nothing is queued; a closed or shut-down AsyncLLM raises RuntimeError. The
+        returned stream must be read to its final delta or closed (``aclose``: aborts)."""
+        if self._refusing is not None:
+            raise RuntimeError(self._refusing)
+        if self._closed or not self._thread.is_alive():
+            raise RuntimeError("the engine thread is not running (AsyncLLM was closed or its loop failed)")
+        if pooling_params is None:
+            if "generate" not in self.engine.tasks:
+                raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot generate text")
+            params = sampling_params if sampling_params is not None else self.engine.default_sampling_params()
+        else:
+            if "embed" not in self.engine.tasks:
+                raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot embed")
+            params = None
+        if request_id is None:
+            self._ids += 1
+            request_id = f"async-{self._ids}"
+        if request_id in self._active:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        req = self.engine.input_processor.process(prompt, params, request_id, pooling_params)
+        loop = asyncio.get_running_loop()
+        text = _TextStream(self.engine.tokenizer) if params is not None else None
+        hold = max((len(s) for s in params.stop), default=1) - 1 if params is not None and params.stop else 0
+        tracked = _Tracked(req, loop, asyncio.Queue(), text, hold)
+        self._active.add(request_id)
+        self._commands.put(lambda: self._add(tracked))
+        timeout = self.request_timeout if timeout is None else timeout
+        deadline = None if timeout is None else loop.time() + timeout
+        return RequestStream(request_id, tracked.queue, deadline, self._queue_abort, self._release)
+
     async def generate(
         self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
         request_id: str | None = None, *, timeout: float | None = None,
@@ -180,29 +191,42 @@ class AsyncLLM:
         ValueError before anything is queued. Stopping iteration (or cancelling the task)
         aborts the request; so does ``timeout`` (default: ``request_timeout``), after which
         the final delta says finish_reason="abort"."""
-        if "generate" not in self.engine.tasks:
-            raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot generate text")
-        params = sampling_params if sampling_params is not None else self.engine.default_sampling_params()
-        async for d in self._submit(prompt, params, None, request_id, timeout):
-            yield d
+        stream = self.start(prompt, sampling_params, request_id, timeout=timeout)
+        try:
+            async for d in stream:
+                yield d
+        finally:
+            await stream.aclose()
 
     async def embed(
         self, prompt: str | Sequence[int], pooling_params: PoolingParams | None = None,
         request_id: str | None = None, *, timeout: float | None = None,
     ) -> Delta:
         """The pooled vector of one prompt (``Delta.embedding``, a CPU float32 tensor)."""
-        if "embed" not in self.engine.tasks:
-            raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot embed")
+        stream = self.start(prompt, None, request_id, pooling_params=pooling_params or PoolingParams(),
+                            timeout=timeout)
         last = None
-        async for d in self._submit(prompt, None, pooling_params or PoolingParams(), request_id, timeout):
-            last = d
-        if last.embedding is not None:
-            last.embedding = last.embedding.float().cpu()
+        try:
+            async for d in stream:
+                last = d
+        finally:
+            await stream.aclose()
         return last
 
     async def abort(self, request_id: str) -> None:
         """Abort a request by id; its stream ends with finish_reason="abort". Unknown ids are ignored."""
-        self._commands.put(lambda: self._abort(request_id))
+        self._queue_abort(request_id)
+
+    def abort_all(self, reason: str) -> None:
+        """Abort every request (their streams end with finish_reason="abort") and refuse
+        new ones from now on with RuntimeError(reason): the end of a shutdown's grace."""
+        self._refusing = reason
+        self._commands.put(self._abort_all)
+
+    @property
+    def num_requests(self) -> int:
+        """Requests started and not yet read to their end or closed."""
+        return len(self._active)
 
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run ``fn(engine)`` on the engine thread between steps (inspection: debug.rows(), ...)."""
@@ -229,60 +253,14 @@ class AsyncLLM:
     def is_running(self) -> bool:
         return self._thread.is_alive()
 
-    async def _submit(self, prompt, params, pooling_params, request_id, timeout) -> AsyncIterator[Delta]:
-        if self._closed or not self._thread.is_alive():
-            raise RuntimeError("the engine thread is not running (AsyncLLM was closed or its loop failed)")
-        if request_id is None:
-            self._ids += 1
-            request_id = f"async-{self._ids}"
-        if request_id in self._active:
-            raise ValueError(f"request id {request_id!r} is already in use")
-        req = self.engine.input_processor.process(prompt, params, request_id, pooling_params)
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        text = _TextStream(self.engine.tokenizer) if params is not None else None
-        hold = max((len(s) for s in params.stop), default=1) - 1 if params is not None and params.stop else 0
-        tracked = _Tracked(req, loop, q, text, hold)
-        self._active.add(request_id)
-        self._commands.put(lambda: self._add(tracked))
-        timeout = self.request_timeout if timeout is None else timeout
-        deadline = None if timeout is None else loop.time() + timeout
-        finished = False
-        try:
-            while True:
-                if deadline is None:
-                    item = await q.get()
-                else:
-                    try:
-                        item = await asyncio.wait_for(q.get(), max(0.0, deadline - loop.time()))
-                    except TimeoutError:
-                        deadline = None  # the abort's final delta follows
-                        self._commands.put(lambda: self._abort(request_id))
-                        continue
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                # deltas that queued while this consumer was behind go out as one (as vLLM's
-                # output collector merges them), so a loop serving many streams sends fewer,
-                # larger events instead of falling further behind
-                error = None
-                while not item.finished and not q.empty():
-                    later = q.get_nowait()
-                    if isinstance(later, BaseException):
-                        error = later
-                        break
-                    item = item.then(later)
-                finished = item.finished
-                yield item
-                if error is not None:
-                    finished = True
-                    raise error
-                if finished:
-                    return
-        finally:
-            self._active.discard(request_id)
-            if not finished:  # consumer went away: client disconnect, cancellation
-                self._commands.put(lambda: self._abort(request_id))
+    def _queue_abort(self, request_id: str) -> None:
+        self._commands.put(lambda: self._abort(request_id))
+
+    def _release(self, request_id: str, abort: bool) -> None:
+        """A stream is done with its request (``abort``: before its final delta)."""
+        self._active.discard(request_id)
+        if abort:
+            self._queue_abort(request_id)
 
     # ---- engine thread --------------------------------------------------------------
     def _run(self) -> None:
@@ -338,6 +316,10 @@ class AsyncLLM:
             self._flush = True
             self.num_aborted += 1
             self._end(rid, "abort")
+
+    def _abort_all(self) -> None:
+        for rid in list(self._tracked):
+            self._abort(rid)
 
     def _end(self, rid: str, reason: str) -> None:
         """Finish a tracked request that the engine did not report as finished."""

@@ -7,6 +7,7 @@ server does not know are ignored, as OpenAI's own server ignores them.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from core_runner.pooling_params import PoolingParams
@@ -114,17 +115,20 @@ def sampling_params(body: dict, base: SamplingParams, *, chat: bool) -> tuple[Sa
         raise APIError(str(e), _param_in(str(e), body)) from e
 
 
+# a token id as OpenAI writes it: ASCII digits only (int() would also take " 7 ", "1_0", "٣")
+_TOKEN_ID = re.compile(r"[0-9]{1,19}")
+
+
 def _logit_bias(bias: Any) -> dict[int, float]:
     if not isinstance(bias, dict):
-        raise APIError(f"logit_bias must be an object mapping token ids (as strings) to numbers, got {bias!r}",
+        raise APIError(f"logit_bias must be an object mapping token ids (as strings) to numbers, got {_short(bias)}",
                        "logit_bias")
     out = {}
     for k, v in bias.items():
-        try:
-            tok = int(k)
-        except (TypeError, ValueError):
-            raise APIError(f"logit_bias key {k!r} is not a token id (an integer written as a string)",
-                           "logit_bias") from None
+        if not _TOKEN_ID.fullmatch(k):
+            raise APIError(f"logit_bias key {_short(k)} is not a token id: expected a decimal integer >= 0 "
+                           "written with the digits 0-9 only, e.g. \"1234\"", "logit_bias")
+        tok = int(k)
         if not _is_num(v):
             raise APIError(f"logit_bias[{k!r}] must be a number, got {v!r}", "logit_bias")
         out[tok] = float(v)
@@ -151,15 +155,30 @@ def _logprobs(body: dict, chat: bool) -> dict[str, Any]:
 
 
 def _param_in(message: str, body: dict) -> str | None:
-    """The request field an engine validation message is about (it names the field)."""
-    for name in list(_FLOATS) + list(_INTS) + ["max_tokens", "max_completion_tokens", "stop", "logit_bias",
-                                               "logprobs", "top_logprobs", "stop_token_ids"]:
-        if name in message and name in body:
-            return name
-    for name in _SP_FIELDS:
-        if name in message:
-            return name
-    return None
+    """The request field an engine validation message is about: the first field named in
+    it as a whole word (a field of the body before any other SamplingParams field)."""
+    found = [(m.start(), name not in body, name) for name in _SP_FIELDS | set(body)
+             if isinstance(name, str) and (m := re.search(rf"\b{re.escape(name)}\b", message))]
+    return min(found)[2] if found else None
+
+
+def engine_error(message: str, body: dict, prompt_param: str, index: int | None = None) -> APIError:
+    """The 400 for an engine-side refusal (``InputProcessor.process``) of a request built
+    from ``body``, labelled with the request field at fault: the message names a
+    ``SamplingParams.<field>`` (said as the body's field) or else the prompt
+    (``prompt_param``: prompt, messages or input; ``index``: which one of a list)."""
+    m = re.match(r"SamplingParams\.(\w+)", message)
+    if m is not None:
+        field = m.group(1)
+        # the body's name for the field (chat asks for logprobs as top_logprobs)
+        names = {"logprobs": ("top_logprobs", "logprobs"), "max_tokens": ("max_completion_tokens", "max_tokens")}
+        param = next((n for n in names.get(field, (field,)) if n in body), field)
+        return APIError(param + message[m.end():], param)
+    param = _param_in(message, body)
+    if param is not None and "prompt" not in message:
+        return APIError(message, param)
+    where = prompt_param if index is None else f"{prompt_param}[{index}]"
+    return APIError(message if where == "prompt" else f"{where}: {message}", prompt_param)
 
 
 def completion_prompts(body: dict) -> list[str | list[int]]:
@@ -185,11 +204,23 @@ def embedding_inputs(body: dict) -> list[str | list[int]]:
         raise APIError(e.message.replace("prompt", "input", 1), "input") from None
 
 
+ENCODING_FORMATS = ("float", "base64")
+
+
+def encoding_format(body: dict) -> str:
+    """"float" (a list of numbers) or "base64" (little-endian float32 bytes, base64-encoded:
+    what the openai client asks for by default)."""
+    fmt = body.get("encoding_format")
+    if fmt is None:
+        return "float"
+    if fmt not in ENCODING_FORMATS:
+        valid = ", ".join(map(repr, ENCODING_FORMATS))
+        raise APIError(f"encoding_format={_short(fmt)} is not supported; valid: {valid}", "encoding_format")
+    return fmt
+
+
 def pooling_params(body: dict) -> PoolingParams:
     check_unsupported(body, ("dimensions",))
-    fmt = body.get("encoding_format", "float")
-    if fmt not in ("float", None):
-        raise APIError(f"encoding_format={fmt!r} is not supported; valid: 'float'", "encoding_format")
     trunc = body.get("truncate_prompt_tokens")
     if trunc is not None and not _is_int(trunc):
         raise APIError(f"truncate_prompt_tokens must be an integer, got {trunc!r}", "truncate_prompt_tokens")
