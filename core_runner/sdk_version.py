@@ -11,7 +11,7 @@ from __future__ import annotations
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-SDK_VERSION = "1.0.0"
+SDK_VERSION = "1.1.0"
 
 
 def check_sdk_range(spec: str | None, plugin: str, what: str) -> None:
