@@ -268,6 +268,21 @@ def _rope_kind_tries(field: str, params: dict) -> list[tuple[tuple[str, Any], ..
     return tries
 
 
+def _dict_candidates(prefix: str, value: dict, alts: dict[str, set[str]],
+                     num_layers: int | None) -> list[FieldCandidates]:
+    """Each entry of a nested dict (``rope_parameters``) moved alone, and a RoPE dict's kind swapped."""
+    out = []
+    for sub in sorted(value):
+        if sub in ("rope_type", "type"):
+            continue
+        tries = [((f"{prefix}.{sub}", c),) for c in _candidates(f"{prefix}.{sub}", value[sub], set(), alts, num_layers)]
+        if tries:
+            out.append(FieldCandidates(f"{prefix}.{sub}", tuple(tries)))
+    if "rope_theta" in value or "rope_type" in value:
+        out.append(FieldCandidates(f"{prefix}.rope_type", tuple(_rope_kind_tries(prefix, value))))
+    return out
+
+
 def field_candidates(reg: Registration, example: Example) -> list[FieldCandidates]:
     """The fields of the reference config, each with the values to try."""
     base = reference_config(reg, example).to_dict()
@@ -280,15 +295,11 @@ def field_candidates(reg: Registration, example: Example) -> list[FieldCandidate
         if name in META_FIELDS or any(w in name for w in META_WORDS) or name.startswith("_"):
             continue
         if isinstance(value, dict):
-            for sub in sorted(value):
-                if sub in ("rope_type", "type"):
-                    continue
-                tries = [((f"{name}.{sub}", c),) for c in
-                         _candidates(f"{name}.{sub}", value[sub], set(), alts, num_layers)]
-                if tries:
-                    out.append(FieldCandidates(f"{name}.{sub}", tuple(tries)))
-            if "rope_theta" in value or "rope_type" in value:
-                out.append(FieldCandidates(f"{name}.rope_type", tuple(_rope_kind_tries(name, value))))
+            # a dict of dicts is keyed by layer kind (Gemma3's rope_parameters per layer type): each entry
+            # is moved as a dict of its own
+            inner = [(f"{name}.{k}", v) for k, v in sorted(value.items()) if isinstance(v, dict)] or [(name, value)]
+            for prefix, params in inner:
+                out += _dict_candidates(prefix, params, alts, num_layers)
             continue
         tries = [((name, c),) for c in _candidates(name, value, _hint_types(hints.get(name)), alts, num_layers)]
         if tries:
@@ -330,13 +341,19 @@ def dormant_groups(dormant: list[FieldCandidates]) -> list[FieldCandidates]:
 # building a perturbed example
 # ---------------------------------------------------------------------------------
 def _set(cfg: dict, base: dict, dotted: str, value: Any) -> None:
-    head, _, rest = dotted.partition(".")
-    if not rest:
-        cfg[head] = value
+    """cfg[a][b]...[z] = value for ``a.b...z``, copying each dict on the way (from cfg, else
+    from the reference's base config) so neither the example nor the base is written."""
+    if "." not in dotted:
+        cfg[dotted] = value
         return
-    inner = dict(cfg.get(head) or base.get(head) or {})
-    inner[rest] = value
-    cfg[head] = inner
+    head, *path, leaf = dotted.split(".")
+    top = dict(cfg.get(head) or base.get(head) or {})
+    node = top
+    for key in path:
+        node[key] = dict(node.get(key) or {})
+        node = node[key]
+    node[leaf] = value
+    cfg[head] = top
 
 
 def moved(reg: Registration, example: Example, updates: tuple[tuple[str, Any], ...]) -> Example:

@@ -11,7 +11,7 @@ from core_runner.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from core_runner.layers.activation import SiluAndMul
+from core_runner.layers.activation import GATED_ACTIVATIONS, GeluAndMul, SiluAndMul, act_and_mul
 from core_runner.layers.attention import Attention
 from core_runner.layers.embedding import LMHead, ParallelLMHead, VocabEmbedding, VocabParallelEmbedding
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping, fused_moe_ref
@@ -33,7 +33,7 @@ from core_runner.layers.linear import (
 from core_runner.layers.mamba2 import DepthwiseConv1d, GatedRMSNorm, Mamba2Mixer
 from core_runner.layers.mla import MLAAttention
 from core_runner.layers.moe_routing import check_expert_groups, grouped_topk_v2, grouped_topk_v3, softmax_topk
-from core_runner.layers.norm import RMSNorm
+from core_runner.layers.norm import GemmaRMSNorm, RMSNorm
 from core_runner.layers.rope_config import (
     cos_sin_of,
     default_inv_freq,
@@ -49,8 +49,9 @@ __all__ = [
     "get_tensor_model_parallel_world_size", "materialize", "MergedColumnParallelLinear", "ParallelLMHead",
     "QKVParallelLinear", "ReplicatedLinear", "RowParallelLinear", "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce", "VocabParallelEmbedding",
-    "Attention", "cos_sin_of", "default_inv_freq", "default_weight_loader", "DepthwiseConv1d",
-    "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GatedRMSNorm", "GELU", "gelu_from_name", "get_rope",
+    "act_and_mul", "Attention", "cos_sin_of", "default_inv_freq", "default_weight_loader", "DepthwiseConv1d",
+    "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GATED_ACTIVATIONS", "GatedRMSNorm", "GELU",
+    "GeluAndMul", "GemmaRMSNorm", "gelu_from_name", "get_rope",
     "check_expert_groups", "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer",
     "MergedLinear",
     "MLAAttention", "QKVLinear", "RMSNorm", "rope_cos_sin_table", "rope_parameters_of", "rope_theta_of",

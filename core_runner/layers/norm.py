@@ -1,8 +1,10 @@
-"""RMSNorm with an optional fused residual add (the add happens in the input dtype).
+"""RMSNorm with an optional fused residual add (the add happens in the input dtype), and
+Gemma's variant that scales by (1 + weight).
 
 On the Triton path (``use_triton_kernels``) one kernel does the add and the norm of a
 2-D [T, H] or 3-D [T, heads, D] input, strided rows included; this torch code is the
-reference and the CPU path."""
+reference and the CPU path. ``GemmaRMSNorm`` has no kernel of its own: it is torch code
+on every path (fp32 math, one cast back)."""
 from __future__ import annotations
 
 import torch
@@ -42,6 +44,30 @@ class RMSNorm(nn.Module):
             from core_runner.kernels.rms_norm_triton import rms_norm_triton
 
             return rms_norm_triton(x, self.weight, self.eps, residual)
+        if residual is None:
+            return self.norm_ref(x)
+        x = x + residual
+        return self.norm_ref(x), x
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + weight), all in float32 and cast
+    back to x's dtype once (transformers' Gemma/Gemma2/Gemma3 RMSNorm; the checkpoint's
+    weight is stored zero-centred). ``forward(x)`` and ``forward(x, residual)`` as
+    ``RMSNorm`` (the residual add in x's dtype). Torch code on every path."""
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(hidden_size), requires_grad=False)
+
+    def norm_ref(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return (xf * (1.0 + self.weight.float())).to(x.dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             return self.norm_ref(x)
         x = x + residual
