@@ -165,7 +165,7 @@ def _block_size(ctx: Ctx) -> str:
 
 @probe("num_kv_blocks")
 def _num_kv_blocks(ctx: Ctx) -> str:
-    for n in (40, 70):
+    for n in (ctx.pool(40), ctx.pool(70)):
         e = ctx.engine(num_kv_blocks=n)
         if e.num_blocks != n or any(t.shape[1] != n for t in paged_caches(e).values()):
             fail(f"num_kv_blocks={n} allocated {e.num_blocks} blocks")

@@ -62,7 +62,7 @@ class _FakeHub:
 
         mml = self.ctx.max_model_len(32)
         return LLM(_PROBE_REPO, plugins=self.ctx.pm, dtype="float32", max_model_len=mml, max_num_seqs=2,
-                   block_size=4, num_kv_blocks=2 * -(-mml // 4), strict=False, **opts).engine
+                   block_size=4, num_kv_blocks=self.ctx.pool(2 * -(-mml // 4)), strict=False, **opts).engine
 
 
 @probe("revision")
@@ -120,7 +120,7 @@ def _load_format(ctx: Ctx) -> str:
         from core_runner import LLM
 
         opts = dict(plugins=ctx.pm, dtype="float32", device="cpu", max_model_len=ctx.max_model_len(32),
-                    max_num_seqs=2, block_size=4, num_kv_blocks=16, strict=False)
+                    max_num_seqs=2, block_size=4, num_kv_blocks=ctx.pool(16), strict=False)
         expect_raises(lambda: LLM(tmp, **opts), FileNotFoundError, "load_format='auto' on a config-only directory",
                       match="safetensors")
         e = LLM(tmp, load_format="dummy", **opts).engine
