@@ -200,7 +200,7 @@ class _StackedExpertWeight(nn.Module):
             return
         # the output dim is last; its parts alternate, so a rank's rows [r n, (r+1) n)
         # of every part are the contiguous columns [parts r n, parts (r+1) n)
-        out_dim = loaded.dim() - 1
+        out_dim = len(loaded.shape) - 1
         if self.tp_parts > 1 and self.split_dim == 0:
             n = self.shard_rows
             loaded = loaded.narrow(out_dim, parts * self.tp_rank * n, parts * n)
