@@ -76,9 +76,9 @@ def test_incompatible_plugin_is_a_recorded_fault(tmp_path, monkeypatch):
 
 
 def test_builtin_plugins_declare_a_range_that_accepts_this_sdk():
-    pm = load_plugins(["qwen3", "deepseek", "granite_hybrid", "pooling", "llama_template"])
+    pm = load_plugins(["qwen3", "deepseek", "granite_hybrid", "pooling", "llama_template", "gpt_oss"])
     regs = pm.registry.registrations()
-    assert {r.plugin for r in regs} == {"qwen3", "deepseek", "granite_hybrid", "pooling", "llama_template"}
+    assert {r.plugin for r in regs} == {"qwen3", "deepseek", "granite_hybrid", "pooling", "llama_template", "gpt_oss"}
     for reg in regs:
         assert reg.sdk_version is not None, f"{reg.plugin}: {reg.architecture} declares no sdk_version"
         assert SpecifierSet(reg.sdk_version).contains(SDK_VERSION), (reg.plugin, reg.sdk_version)
