@@ -29,6 +29,7 @@ from torch import nn
 
 from core_runner.layers import (
     Attention,
+    FusedMoE,
     Linear,
     ParallelLMHead,
     QKVParallelLinear,
@@ -41,8 +42,8 @@ from core_runner.layers import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     softmax_topk,
+    stacked_expert_name,
 )
-from core_runner.layers.fused_moe import SWIGLU_ALPHA, SWIGLU_LIMIT, FusedMoE, stacked_expert_name
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
@@ -132,11 +133,11 @@ class GptOssMLP(nn.Module):
         if not 0 < self.top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok={self.top_k} must be in 1..num_local_experts={num_experts}")
         self.router = Linear(config.hidden_size, num_experts, bias=True)
-        # transformers >= 5.18 reads both from the config; earlier ones fix them at these values
+        # transformers 5.25 reads both from the config; 5.17 fixes them at these values (a dormant field there)
         self.experts = FusedMoE(
             num_experts, config.hidden_size, config.intermediate_size, has_bias=True, activation="swigluoai",
-            swiglu_alpha=float(getattr(config, "swiglu_alpha", SWIGLU_ALPHA)),
-            swiglu_limit=float(getattr(config, "swiglu_limit", SWIGLU_LIMIT)),
+            swiglu_alpha=float(getattr(config, "swiglu_alpha", 1.702)),
+            swiglu_limit=float(getattr(config, "swiglu_limit", 7.0)),
             checkpoint_layout="transposed_interleaved",
         )
 
