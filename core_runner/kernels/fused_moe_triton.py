@@ -13,11 +13,14 @@ ints alone; programs of unused tiles return at once. A pair whose id is outside 
 contributes nothing.
 
 GEMMs. One launch computes gate_up for every pair (A row = hidden[pair // top_k],
-B = w13[expert]), silu(gate) * up runs in the silu_mul kernel, one launch computes down (A row =
-act[pair], B = w2[expert]) and scales each row by its router weight; the top_k rows of
-a token are then summed. Each program owns one (tile of BLOCK_M pairs, BLOCK_N output
-columns) and loops over K, loading A rows by gather and B as [BLOCK_K, BLOCK_N] of the
-expert's row-major [N, K] weight.
+B = w13[expert]), the activation runs in its own elementwise kernel (silu(gate) * up in
+the silu_mul kernel; gpt-oss's clamped SwiGLU, "swigluoai", in ``_swigluoai_kernel``
+here), one launch computes down (A row = act[pair], B = w2[expert]) and scales each row
+by its router weight; the top_k rows of a token are then summed. Each program owns one
+(tile of BLOCK_M pairs, BLOCK_N output columns) and loops over K, loading A rows by
+gather and B as [BLOCK_K, BLOCK_N] of the expert's row-major [N, K] weight. With biases
+(``HAS_BIAS``) the program adds its expert's bias row to the fp32 accumulator after the
+K loop, before the router weight (torch's ``F.linear(x, w, b) * weight``).
 """
 from __future__ import annotations
 
@@ -26,6 +29,8 @@ import triton
 import triton.language as tl
 
 from core_runner.kernels.silu_mul_triton import silu_mul_triton
+
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's (layers.fused_moe has the same defaults)
 
 
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,10 +67,10 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
 
 @triton.jit(do_not_specialize=["num_pairs"])
 def _moe_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, w_ptr, sorted_ptr, block_expert_ptr,
+    a_ptr, b_ptr, c_ptr, w_ptr, bias_ptr, sorted_ptr, block_expert_ptr,
     N, K, num_pairs,
-    s_am, s_ak, s_be, s_bn, s_bk, s_cm, s_cn,
-    A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr,
+    s_am, s_ak, s_be, s_bn, s_bk, s_cm, s_cn, s_bias_e,
+    A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -88,11 +93,46 @@ def _moe_gemm_kernel(
         a = tl.load(a_base + (k0 + kk)[None, :] * s_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_base + (k0 + kk)[:, None] * s_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc += tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + expert.to(tl.int64) * s_bias_e + cols, mask=col_ok, other=0.0)
+        acc += bias.to(tl.float32)[None, :]
     if MUL_WEIGHT:
         w = tl.load(w_ptr + pair, mask=row_ok, other=0.0)
         acc = acc * w[:, None]
     c_off = pair.to(tl.int64)[:, None] * s_cm + cols[None, :] * s_cn
     tl.store(c_ptr + c_off, acc.to(c_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def _swigluoai_kernel(x_ptr, out_ptr, inter, s_x, alpha, limit, BLOCK: tl.constexpr):
+    """Program (row, j): BLOCK outputs of one row of [gate | up], all in fp32, one rounding."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < inter
+    src = x_ptr + row * s_x + cols
+    gate = tl.minimum(tl.load(src, mask=mask, other=0.0).to(tl.float32), limit)
+    up = tl.load(src + inter, mask=mask, other=0.0).to(tl.float32)
+    up = tl.minimum(tl.maximum(up, -limit), limit)
+    glu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate * alpha))  # gate * sigmoid(alpha * gate)
+    tl.store(out_ptr + row * inter + cols, ((up + 1.0) * glu).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def swigluoai_triton(x: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """x: [rows, 2I] = [gate | up] (contiguous last dim) -> [rows, I]: the Triton twin of
+    ``layers.fused_moe.swigluoai_ref`` (fp32 math; in bf16 it rounds once where torch
+    rounds after every op, so the two may differ by a bf16 ulp)."""
+    if x.dim() != 2 or x.shape[-1] % 2:
+        raise ValueError(f"swigluoai needs [rows, 2I], got shape {tuple(x.shape)}")
+    rows = x if x.stride(-1) == 1 else x.contiguous()
+    inter = rows.shape[-1] // 2
+    out = torch.empty((rows.shape[0], inter), dtype=x.dtype, device=x.device)
+    if rows.shape[0] == 0 or inter == 0:
+        return out
+    block = min(max(triton.next_power_of_2(inter), 16), 1024)
+    grid = (rows.shape[0], triton.cdiv(inter, block))
+    _swigluoai_kernel[grid](rows, out, inter, rows.stride(0), float(alpha), float(limit), BLOCK=block, num_warps=4,
+                            enable_fp_fusion=False)
+    return out
 
 
 GEMM_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages")
@@ -134,14 +174,17 @@ def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None
     return cfg
 
 
-def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, mul_weight, cfg):
+def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, mul_weight, bias, cfg):
     n_out, k_in = b.shape[1], b.shape[2]
     grid = (block_expert.shape[0], triton.cdiv(n_out, cfg["BLOCK_N"]))
+    if bias is not None and (bias.shape != (b.shape[0], n_out) or bias.stride(1) != 1):
+        raise ValueError(f"expert bias has shape {tuple(bias.shape)}, expected ({b.shape[0]}, {n_out}) contiguous")
     _moe_gemm_kernel[grid](
-        a, b, c, weights, sorted_pairs, block_expert,
+        a, b, c, weights, b if bias is None else bias, sorted_pairs, block_expert,
         n_out, k_in, num_pairs,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
-        A_ROW_DIV=a_row_div, MUL_WEIGHT=mul_weight,
+        0 if bias is None else bias.stride(0),
+        A_ROW_DIV=a_row_div, MUL_WEIGHT=mul_weight, HAS_BIAS=bias is not None,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -151,7 +194,8 @@ def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, 
 def fused_moe_triton(
     hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
     topk_ids: torch.Tensor, block_m: int | None = None, skip_invalid_ids: bool = False,
-    config: dict | None = None,
+    config: dict | None = None, w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
+    activation: str = "silu", swiglu_alpha: float = SWIGLU_ALPHA, swiglu_limit: float = SWIGLU_LIMIT,
 ) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, top_k]. Returns sum_k w_k * expert_k(hidden) as [T, H].
@@ -160,7 +204,11 @@ def fused_moe_triton(
     fill that a layer whose ids are all valid does not pay. ``config`` replaces any of the
     default tile settings ``GEMM_CONFIG_KEYS`` (tile sweeps: benchmarks/moe_sweep.py);
     ``block_m`` is the same as ``config={"BLOCK_M": block_m}``. BLOCK_* must be powers of
-    two, at least 16."""
+    two, at least 16. ``w13_bias`` [E, 2I] / ``w2_bias`` [E, H] are added per expert inside
+    the two GEMMs; ``activation`` "silu" (silu(gate) * up) or "swigluoai" (gpt-oss:
+    ``layers.fused_moe.swigluoai_ref`` with ``swiglu_alpha`` / ``swiglu_limit``)."""
+    if activation not in ("silu", "swigluoai"):
+        raise ValueError(f"activation={activation!r} is not supported: expected 'silu' or 'swigluoai'")
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -175,9 +223,12 @@ def fused_moe_triton(
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)
     weights = topk_weights.reshape(-1).float().contiguous()
-    _launch(hidden, w13, gate_up, weights, sorted_pairs, block_expert, num_pairs, top_k, False, cfg)
-    act = silu_mul_triton(gate_up)  # one pass, where torch's silu and product take three
+    _launch(hidden, w13, gate_up, weights, sorted_pairs, block_expert, num_pairs, top_k, False, w13_bias, cfg)
+    if activation == "silu":
+        act = silu_mul_triton(gate_up)  # one pass, where torch's silu and product take three
+    else:
+        act = swigluoai_triton(gate_up, swiglu_alpha, swiglu_limit)
     alloc = torch.zeros if skip_invalid_ids else torch.empty
     down = alloc((num_pairs, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    _launch(act, w2, down, weights, sorted_pairs, block_expert, num_pairs, 1, True, cfg)
+    _launch(act, w2, down, weights, sorted_pairs, block_expert, num_pairs, 1, True, w2_bias, cfg)
     return down.view(num_tokens, top_k, hidden_size).sum(dim=1, dtype=torch.float32).to(hidden.dtype)

@@ -14,7 +14,13 @@ from core_runner.distributed import (
 from core_runner.layers.activation import GATED_ACTIVATIONS, GeluAndMul, SiluAndMul, act_and_mul
 from core_runner.layers.attention import Attention
 from core_runner.layers.embedding import LMHead, ParallelLMHead, VocabEmbedding, VocabParallelEmbedding
-from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping, fused_moe_ref
+from core_runner.layers.fused_moe import (
+    FusedMoE,
+    expert_packed_mapping,
+    fused_moe_ref,
+    stacked_expert_name,
+    swigluoai_ref,
+)
 from core_runner.layers.gelu import GELU, gelu_from_name
 from core_runner.layers.layernorm import LayerNorm
 from core_runner.layers.linear import (
@@ -55,5 +61,6 @@ __all__ = [
     "check_expert_groups", "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer",
     "MergedLinear",
     "MLAAttention", "QKVLinear", "RMSNorm", "rope_cos_sin_table", "rope_parameters_of", "rope_theta_of",
-    "RotaryEmbedding", "SiluAndMul", "softmax_topk", "VocabEmbedding", "yarn_get_mscale", "yarn_softmax_scale",
+    "RotaryEmbedding", "SiluAndMul", "softmax_topk", "stacked_expert_name", "swigluoai_ref", "VocabEmbedding",
+    "yarn_get_mscale", "yarn_softmax_scale",
 ]

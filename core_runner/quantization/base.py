@@ -14,6 +14,13 @@ SUPPORTED = {
            "fmt 'e4m3', activation_scheme 'dynamic', weight_block_size [b0, b1])",
 }
 
+# quant_method -> why a known format is refused (named in the message, with what would lift it)
+REFUSED = {
+    "mxfp4": "MXFP4 experts (OCP microscaling: 4-bit e2m1 values in blocks of 32 with e8m0 scales, gpt-oss's "
+             "published format) need an MXFP4 MoE kernel, which core-runner does not have; dequantizing them to "
+             "bf16 at load is possible later (about 4x the expert memory)",
+}
+
 Lookup = Callable[[str], "torch.Tensor | None"]
 # [start, stop) along each dim of a checkpoint tensor: the part of it that one rank reads
 Bounds = tuple[tuple[int, int], ...]
@@ -132,6 +139,9 @@ def quantization_from_config(hf_config: Any) -> Quantization | None:
 
         return Fp8BlockQuantization.from_config(qc)
     supported = "; ".join(f"{k!r}: {v}" for k, v in SUPPORTED.items())
+    if method in REFUSED:
+        raise ValueError(f"quantization_config.quant_method={method!r} is not supported by core-runner: "
+                         f"{REFUSED[method]}. Supported: {supported}. Use a bf16/fp16/fp32 checkpoint of the model")
     raise ValueError(
         f"quantization_config.quant_method={method!r} is not supported by core-runner; supported: {supported}. "
         "Use an unquantized (bf16/fp16/fp32) checkpoint or one in a supported format"

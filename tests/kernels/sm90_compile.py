@@ -1,4 +1,4 @@
-"""Compile the sampler's (and MLA attention's) Triton kernels for an H100/H200 (sm90) on a machine without a GPU.
+"""Compile the sampler's, attention's and fused MoE's Triton kernels for an H100/H200 (sm90) on a machine without a GPU.
 
 The launchers run on small CPU tensors with ``JITFunction.run`` replaced: every launch is
 compiled for ``GPUTarget("cuda", 90, 32)`` from the arguments it was given (pointer and
@@ -162,12 +162,31 @@ def attention_cases() -> dict:
     }
 
 
+def moe_cases() -> dict:
+    """The fused MoE grouped GEMM in bf16 with expert biases and gpt-oss's clamped SwiGLU
+    (its own activation kernel), and without (silu_mul), with the GPU's pipeline depth."""
+    from core_runner.kernels.fused_moe_triton import fused_moe_triton
+
+    t, e, k, h, i = 64, 32, 4, 256, 192
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(t, h, generator=g).bfloat16(), torch.rand(t, k, generator=g)
+    w13, w2 = torch.randn(e, 2 * i, h, generator=g).bfloat16(), torch.randn(e, h, i, generator=g).bfloat16()
+    b13, b2 = torch.randn(e, 2 * i, generator=g).bfloat16(), torch.randn(e, h, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    gpu = {"num_stages": 3}
+    return {
+        "moe": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu),
+        "moe_bias_swigluoai": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu, w13_bias=b13, w2_bias=b2,
+                                                       activation="swigluoai"),
+    }
+
+
 def main(names: list[str]) -> int:
     global USAGE
     if "--usage" in names:
         USAGE = True
         names = [n for n in names if n != "--usage"]
-    cases = sampler_cases() | attention_cases()
+    cases = sampler_cases() | attention_cases() | moe_cases()
     failed = 0
     for name in names or list(cases):
         t = time.perf_counter()

@@ -1,4 +1,4 @@
-"""The sampler's kernels and split MLA attention compile for sm90 (H100/H200) on a
+"""The sampler's kernels, split MLA attention and the fused MoE (biases, swigluoai) compile for sm90 (H100/H200) on a
 machine without a GPU: a kernel the GPU compiler rejects fails here, not in a device
 call. The interpreter never compiles, so this runs ``sm90_compile.py`` in a process
 without TRITON_INTERPRET."""
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = ["gumbel", "cut_block128_cap128", "cut_bf16", "mla_split"]
+CASES = ["gumbel", "cut_block128_cap128", "cut_bf16", "mla_split", "moe_bias_swigluoai"]
 
 
 def test_sampler_kernels_compile_for_sm90():

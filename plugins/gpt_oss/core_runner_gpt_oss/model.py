@@ -1,0 +1,205 @@
+"""GptOssForCausalLM (openai/gpt-oss) from core_runner.layers.
+
+Each layer: pre-norm GQA attention with biased q/k/v/o projections, RoPE (YaRN in the
+published checkpoints; any rope type through ``get_rope``) and a learned per-head sink
+logit in the softmax denominator; ``config.layer_types`` makes a layer
+``sliding_attention`` (keys p - sliding_window < k <= p) or ``full_attention``. Then a
+sparse MoE on every layer: a biased router, softmax over the top-k logits, experts with
+gate/up and down biases and the clamped SwiGLU ((up + 1) * gate * sigmoid(alpha * gate),
+gate <= limit, |up| <= limit): ``FusedMoE(has_bias=True, activation="swigluoai")``.
+
+Checkpoint names are transformers' (``mlp.router``, ``mlp.experts.gate_up_proj`` [E, H, 2I]
+with interleaved gate/up columns, ``down_proj`` [E, I, H], their ``_bias``, ``self_attn.sinks``);
+``map_weight_name`` renames the stacked expert tensors to FusedMoE's parameters, which
+de-interleave them at load (``checkpoint_layout="transposed_interleaved"``).
+
+Tensor parallelism (vLLM's split): each rank holds num_attention_heads / tp query heads
+with their sinks, num_key_value_heads / tp KV heads (one, replicated, when tp exceeds
+them); o_proj row-parallel (its bias added once after the all-reduce); the router whole
+on every rank, so every rank picks the same experts; experts split by intermediate units
+(gate/up biases with their rows, the down bias added by rank 0) or, with expert
+parallelism, whole experts per rank; vocabulary split for the embedding and LM head.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from core_runner.layers import (
+    Attention,
+    FusedMoE,
+    Linear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RMSNorm,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    copy_into,
+    divide,
+    get_rope,
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    softmax_topk,
+    stacked_expert_name,
+)
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def layer_types_of(config: Any) -> list[str]:
+    """One of LAYER_TYPES per layer (transformers' default alternates, sliding first);
+    ValueError naming ``layer_types`` for a list that is short or has another kind."""
+    n = config.num_hidden_layers
+    kinds = getattr(config, "layer_types", None)
+    if kinds is None:
+        kinds = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
+    kinds = list(kinds)
+    bad = sorted({str(k) for k in kinds[:n] if k not in LAYER_TYPES})
+    if len(kinds) < n or bad:
+        raise ValueError(f"layer_types={kinds!r} is not supported: expected num_hidden_layers={n} entries, each one "
+                         f"of {LAYER_TYPES}{f' (got {bad})' if bad else ''}")
+    return kinds
+
+
+def check_head_split(num_heads: int, num_kv_heads: int) -> None:
+    """ValueError naming the config field when the tensor-parallel size does not split the
+    heads: it must divide num_attention_heads, and divide num_key_value_heads or be a
+    multiple of it (each KV head is then replicated over tp / kv ranks)."""
+    tp = get_tensor_model_parallel_world_size()
+    divide(num_heads, tp, "num_attention_heads")
+    if tp <= num_kv_heads:
+        divide(num_kv_heads, tp, "num_key_value_heads")
+    elif tp % num_kv_heads:
+        raise ValueError(f"tensor_parallel_size={tp} is not divisible by num_key_value_heads={num_kv_heads}: pick a "
+                         f"tensor_parallel_size that divides {num_kv_heads} or is a multiple of it")
+
+
+class GptOssAttention(nn.Module):
+    """GQA with q/k/v/o biases, RoPE, per-head sinks and the layer's window (if sliding)."""
+
+    def __init__(self, config: Any, layer_type: str) -> None:
+        super().__init__()
+        h, total_heads = config.hidden_size, config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        check_head_split(total_heads, total_kv_heads)
+        window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
+        if layer_type == "sliding_attention" and window is None:
+            raise ValueError("sliding_window=None: layer_types has sliding_attention layers, which need a window")
+        self.head_dim = getattr(config, "head_dim", None) or h // total_heads
+        bias = bool(getattr(config, "attention_bias", True))
+        self.qkv_proj = QKVParallelLinear(h, self.head_dim, total_heads, total_kv_heads, bias=bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
+        self.tp_rank = get_tensor_model_parallel_rank()
+        # this rank's heads' sink logits; Attention reads the tensor, this module loads it
+        self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
+        self.sinks.weight_loader = self.load_sinks
+        self.rotary_emb = get_rope(config, self.head_dim)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5,
+                              sliding_window=window, sinks=self.sinks)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+
+    def load_sinks(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
+        """The checkpoint's sinks [num_attention_heads]: this rank's heads' slice."""
+        if shard_id is not None:
+            raise ValueError(f"sinks are not fused; got shard {shard_id!r}")
+        n = param.shape[0]
+        total = n * get_tensor_model_parallel_world_size()
+        if tuple(loaded.shape) != (total,):
+            raise ValueError(f"sinks have shape {tuple(loaded.shape)}, expected ({total},): one logit per head")
+        copy_into(param.data, loaded.narrow(0, self.tp_rank * n, n) if total != n else loaded,
+                  f"sinks (rank {self.tp_rank}'s heads)")
+
+    load_sinks.accepts_checkpoint_slices = True  # reads only through .shape / .narrow / copy_into
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v))
+
+
+class GptOssMLP(nn.Module):
+    """Biased router -> top-k logits -> softmax over them (= softmax over all experts,
+    renormalised over the kept ones) -> biased experts with the clamped SwiGLU."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        num_experts, self.top_k = config.num_local_experts, config.num_experts_per_tok
+        if not 0 < self.top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok={self.top_k} must be in 1..num_local_experts={num_experts}")
+        self.router = Linear(config.hidden_size, num_experts, bias=True)
+        # transformers 5.25 reads both from the config; 5.17 fixes them at these values (a dormant field there)
+        self.experts = FusedMoE(
+            num_experts, config.hidden_size, config.intermediate_size, has_bias=True, activation="swigluoai",
+            swiglu_alpha=float(getattr(config, "swiglu_alpha", 1.702)),
+            swiglu_limit=float(getattr(config, "swiglu_limit", 7.0)),
+            checkpoint_layout="transposed_interleaved",
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = softmax_topk(self.router(x), self.top_k, renormalize=True)
+        return self.experts(x, weights, ids)
+
+
+class GptOssDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_type: str) -> None:
+        super().__init__()
+        self.self_attn = GptOssAttention(config, layer_type)
+        self.mlp = GptOssMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(positions, x)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
+
+
+class GptOssModel(nn.Module):
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        kinds = layer_types_of(config)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, kinds[i]) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        x, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            x, residual = layer(positions, x, residual)
+        x, _ = self.norm(x, residual)
+        return x
+
+
+class GptOssForCausalLM(nn.Module):
+    packed_modules_mapping = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v")}
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.model = GptOssModel(config)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        # some checkpoints store a tied matrix twice
+        self.ignored_weight_patterns = (r"rotary_emb\.inv_freq",) + ((r"^lm_head\.weight$",) if tied else ())
+
+    @staticmethod
+    def map_weight_name(name: str) -> str:
+        """transformers' stacked expert tensors -> FusedMoE's parameters (``w13.weight`` ...)."""
+        return stacked_expert_name(name)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids, positions)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
