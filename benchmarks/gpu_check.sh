@@ -170,7 +170,7 @@ for s in "${STAGES[@]}"; do
       done;;
     conformance)
       say conformance GPU checks
-      for ep in qwen3 granite_hybrid deepseek llama_template pooling mistral gemma gpt_oss; do
+      for ep in qwen3 granite_hybrid deepseek llama_template pooling mistral gemma gpt_oss mamba; do
         timeout 150 python3 -m core_runner.cli conformance $ep --tier gpu --checks CR-EQ-06,CR-EQ-08 -v 2>&1 \
           | grep -E "CR-|passed|failed|error" | tail -12 | tee -a "$LOG/bench.log"
       done;;

@@ -18,6 +18,10 @@ applied by attention, but no block is freed early) and says so in the log.
 
 Group 0 is the full-attention group when there is one (drafter layers attend fully, and
 the drafter reads group 0's table).
+
+A model without paged layers (attention-free: Mamba2, whose state is per request row,
+``RowStateSpec``) has zero groups: no block is ever allocated, the pool costs nothing
+and the engine sizes no pool at all.
 """
 from __future__ import annotations
 
@@ -73,6 +77,8 @@ class KVCacheLayout:
 
 def plan_kv_cache_layout(specs: list[KVCacheSpec]) -> KVCacheLayout:
     paged = [s for s in specs if isinstance(s, PagedCacheSpec)]
+    if not paged:  # attention-free: nothing is paged, so no group and no block table is used
+        return KVCacheLayout(())
     by_window: dict[int | None, list[str]] = {}
     for s in paged:
         by_window.setdefault(s.sliding_window, []).append(s.layer_name)

@@ -204,7 +204,8 @@ def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on
         raise UnsupportedError(f"attention_backend={name!r} on the CPU needs triton installed and TRITON_INTERPRET=1 "
                                "(the interpreter); use None or 'torch'")
     gate = getattr(cls, "capability", None)
-    if gate is not None and not reg.capability(gate).supported:
+    # "not applicable" (a model without attention layers): the backend is never called
+    if gate is not None and not reg.capability(gate).supported and not reg.capability(gate).not_applicable:
         cap = reg.capability(gate)
         downgrade(what, f"{reg.architecture} declares {gate} {cap.state}"
                   f"{': ' + cap.reason if cap.reason else ''}")

@@ -32,7 +32,12 @@ CAPABILITIES = (
     # per-row state cannot be rolled back to the accepted prefix must not declare it
     "speculative_decoding",
 )
-STATES = ("supported", "unsupported", "xfail")
+STATES = ("supported", "unsupported", "xfail", "not applicable")
+# capabilities a family may declare "not applicable: <reason>": the feature has nothing to
+# act on in it (the Triton attention backend in a model without attention layers), so the
+# oracle neither uses nor downgrades anything for it and the suite checks the claim instead
+# of the feature; any other capability that a family lacks is "unsupported" (refused)
+MAY_NOT_APPLY = ("triton_attention",)
 
 
 @dataclass(frozen=True)
@@ -52,14 +57,25 @@ class Capability:
                 return cls("xfail", reason)
         if isinstance(value, (tuple, list)) and len(value) == 2 and value[0] == "xfail" and value[1]:
             return cls("xfail", str(value[1]))
+        if isinstance(value, str) and value.startswith("not applicable"):
+            reason = value[len("not applicable"):].lstrip(": ").strip()
+            if name not in MAY_NOT_APPLY:
+                raise ValueError(f"capability {name}={value!r}: only {', '.join(MAY_NOT_APPLY)} may be declared "
+                                 f"'not applicable'; declare {name} 'unsupported' (asking for it is then refused)")
+            if reason:
+                return cls("not applicable", reason)
         raise ValueError(
-            f"capability {name}={value!r} is invalid: expected 'supported', 'unsupported' "
-            "or 'xfail: <reason>'"
+            f"capability {name}={value!r} is invalid: expected 'supported', 'unsupported', "
+            "'xfail: <reason>' or (triton_attention) 'not applicable: <reason>'"
         )
 
     @property
     def supported(self) -> bool:
         return self.state == "supported"
+
+    @property
+    def not_applicable(self) -> bool:
+        return self.state == "not applicable"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-SDK_VERSION = "1.1.0"  # 1.1: Attention options (window, soft cap, sinks), KV cache groups
+SDK_VERSION = "1.2.0"  # 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches
 
 
 def check_sdk_range(spec: str | None, plugin: str, what: str) -> None:

@@ -1,8 +1,11 @@
-"""MambaHybridModelState: per-request recurrent state beside the paged KV cache.
+"""MambaHybridModelState: per-request recurrent state beside the paged KV cache, if any.
 
 Mamba layers keep, per request row, a conv window and an SSM state (``RowStateSpec``,
 allocated ``[max_num_seqs + 1, ...]``; the last row is the scratch row of dummy runs and
-CUDA-graph padding). Attention layers keep their usual paged K/V.
+CUDA-graph padding). Attention layers keep their usual paged K/V; an attention-free model
+(Mamba2ForCausalLM) has none, and this state serves it as it is: it needs only a layer
+with row state (unlike ``DefaultModelState``, which refuses a model without a paged one),
+and its metadata carries empty block tables that no layer reads.
 
 - ``add_request`` zeroes the row's state in every Mamba layer. The reset is staged and
   applied in ``apply_staged_writes`` with one small host-to-device copy of the row ids

@@ -76,7 +76,7 @@ def test_incompatible_plugin_is_a_recorded_fault(tmp_path, monkeypatch):
 
 
 def test_builtin_plugins_declare_a_range_that_accepts_this_sdk():
-    builtin = ["qwen3", "deepseek", "granite_hybrid", "pooling", "mistral", "gemma", "gpt_oss", "llama_template"]
+    builtin = ["qwen3", "deepseek", "granite_hybrid", "pooling", "mistral", "gemma", "gpt_oss", "mamba", "llama_template"]
     pm = load_plugins(builtin)
     regs = pm.registry.registrations()
     assert {r.plugin for r in regs} == set(builtin)

@@ -8,7 +8,9 @@ Scopes decide how a check is multiplied out of a plugin's registrations:
 capability). A check with ``capability`` set is about that capability: it runs when
 the capability is declared ``supported``, runs as a strict xfail when it is declared
 ``xfail`` (a pass then fails the run), and is not generated when it is unsupported,
-where CR-BOUND-05 checks that enabling it is refused instead.
+where CR-BOUND-05 checks that enabling it is refused instead. A capability declared
+``not applicable`` (triton_attention of a model without attention layers) has its checks
+generated on every tier to check the claim, then reported "not run: not applicable".
 """
 from __future__ import annotations
 
@@ -77,8 +79,8 @@ CHECKS: tuple[Check, ...] = (
     _c("CR-EQ-03", "example", f"{_E}:batch_and_row_do_not_matter",
        "Batch composition and row index do not change a request's greedy tokens or its logits (within 1e-4)."),
     _c("CR-EQ-04", "example", f"{_E}:preempt_resume_equals_uninterrupted",
-       "Preempt + resume (from a small KV pool, and forced mid-prefill and mid-decode) equals an "
-       "uninterrupted run."),
+       "Preempt + resume (from a small KV pool where the model has paged layers, and forced mid-prefill and "
+       "mid-decode) equals an uninterrupted run."),
     _c("CR-EQ-05", "example", f"{_E}:same_seed_same_output",
        "The same seed gives the same sampled tokens whatever the batch, row or engine; another seed gives "
        "other tokens; the engine seed fixes the output of unseeded requests."),
@@ -119,7 +121,8 @@ CHECKS: tuple[Check, ...] = (
        "field.", task=None),
     _c("CR-EQ-13", "example", f"{_V}:long_positions",
        "A request whose positions reach past the original maximum of a scaled RoPE (at least 8,192 positions; "
-       "4,096 for unscaled RoPE; max_position_embeddings raised where the example is smaller) gives the "
+       "4,096 for unscaled RoPE or a model without positions; max_position_embeddings raised where the example is "
+       "smaller) gives the "
        "reference's logits at every prefill chunk end and decode step, and its greedy tokens, and finishes by "
        "length with every token it asked for."),
     _c("CR-EQ-14", "example", "checks_window:windowed_attention",
@@ -164,7 +167,8 @@ CHECKS: tuple[Check, ...] = (
        "a field without a probe fails)."),
     _c("CR-BOUND-05", "capability", f"{_B}:unsupported_capability_refused",
        "A capability declared unsupported cannot be enabled: asking for it raises UnsupportedError at config "
-       "time (strict mode for plan-level capabilities).", task=None),
+       "time (strict mode for plan-level capabilities); one declared not applicable is checked to be so "
+       "(triton_attention: the model has no paged KV cache).", task=None),
 )
 
 BY_ID = {c.id: c for c in CHECKS}

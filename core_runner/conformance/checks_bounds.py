@@ -145,6 +145,8 @@ def unsupported_capability_refused(ctx: Ctx) -> None:
     cap, reg = ctx.capability, ctx.registration
     state = reg.capability(cap)
     what = f"{cap} declared {state.state}"
+    if state.not_applicable:
+        ctx.confirm_not_applicable()
     if cap == "chunked_prefill":
         mml = ctx.max_model_len(64)
         expect_raises(lambda: ctx.engine(max_model_len=mml, max_num_batched_tokens=mml // 2), UnsupportedError,

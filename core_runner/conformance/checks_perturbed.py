@@ -225,7 +225,7 @@ def long_positions(ctx: Ctx) -> None:
         vctx = _variant_ctx(ctx, example)
     except Exception as err:  # noqa: BLE001
         pytest.skip(f"not run: the reference rejects max_position_embeddings={length}: {err}")
-    length = min(vctx.ref.max_position, length)
+    length = min(vctx.ref.max_position or length, length)
     prompt = vctx.ref.prompts([length - LONG_NEW], seed=29)[0]
     # chunks keep the engine's prefill small on a CPU and put chunk ends at high positions
     e = vctx.engine(max_model_len=length, max_num_seqs=1, block_size=16,

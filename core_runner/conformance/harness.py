@@ -241,21 +241,43 @@ class Ctx:
                                               model)
         return LLM(model, plugins=self.pm, memory_probe=memory_probe, **opts)
 
-    def pool(self, blocks: int, model: str | None = None) -> int:
+    def pool(self, blocks: int, model: str | None = None) -> int | None:
         """num_kv_blocks holding the memory of ``blocks`` blocks of every layer: a model whose
         KV cache groups share memory (core_runner/kv_cache_groups.py) spends one block id per
-        group where a one-group model spends one for all layers."""
-        return blocks * self.kv_cache_groups(model)
+        group where a one-group model spends one for all layers. None for a model without
+        paged layers (zero groups), which has no pool and refuses num_kv_blocks."""
+        groups = self.kv_cache_groups(model)
+        return blocks * groups if groups else None
+
+    @property
+    def paged(self) -> bool:
+        """The example's model has paged (attention) layers; False for an attention-free one."""
+        return self.kv_cache_groups() > 0
 
     def kv_cache_groups(self, model: str | None = None) -> int:
         from core_runner import LLM
 
         path = model or str(self.ref.path)
         if path not in _KV_GROUPS:
+            # num_kv_blocks=None: a pool of at most one 16-token request (4 blocks a group), and
+            # none for a model without paged layers (which would refuse num_kv_blocks)
             probe = LLM(path, plugins=self.pm, dtype=self.tolerance.dtype, device="cpu", max_model_len=16,
-                        max_num_seqs=1, block_size=4, num_kv_blocks=256, strict=False)
+                        max_num_seqs=1, block_size=4, num_kv_blocks=None, strict=False)
             _KV_GROUPS[path] = probe.engine.memory_report()["kv_cache_groups"]
         return _KV_GROUPS[path]
+
+    def confirm_not_applicable(self) -> None:
+        """A capability declared "not applicable: <reason>" (``registry.MAY_NOT_APPLY``):
+        check the claim, then report the check as not run. triton_attention: the model has
+        no paged attention layer, so no attention backend is ever called."""
+        cap = self.capability or ""
+        state = self.registration.capability(cap)
+        if cap == "triton_attention" and self.paged:
+            fail(f"triton_attention is declared not applicable ({state.reason}) but the model has paged attention "
+                 f"layers ({self.kv_cache_groups()} KV cache groups): declare it supported or unsupported")
+        import pytest
+
+        pytest.skip(f"not run: not applicable: {state.reason} (checked: the model has no paged KV cache)")
 
     def engine(self, memory_probe: Callable[[torch.device], int] | None = None, **overrides: Any) -> Any:
         return self.llm(memory_probe, **overrides).engine

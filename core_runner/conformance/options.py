@@ -165,6 +165,13 @@ def _block_size(ctx: Ctx) -> str:
 
 @probe("num_kv_blocks")
 def _num_kv_blocks(ctx: Ctx) -> str:
+    if not ctx.paged:  # attention-free: nothing to size, so any pool asked for is refused
+        if ctx.engine().num_blocks:
+            fail(f"a model without paged layers got a KV pool of {ctx.engine().num_blocks} blocks")
+        expect_raises(lambda: ctx.engine(num_kv_blocks=40), ValueError, "num_kv_blocks=40 without paged layers",
+                      match="num_kv_blocks")
+        return "no paged layer: no KV pool (0 blocks), num_kv_blocks=40 refused and " + \
+            _rejects(ctx, "num_kv_blocks=0", num_kv_blocks=0)
     for n in (ctx.pool(40), ctx.pool(70)):
         e = ctx.engine(num_kv_blocks=n)
         if e.num_blocks != n or any(t.shape[1] != n for t in paged_caches(e).values()):
@@ -185,6 +192,9 @@ def _gpu_memory_utilization(ctx: Ctx) -> str:
     from core_runner.config import EngineConfig
 
     rep = ctx.engine().memory_report()
+    if not ctx.paged:
+        return _row_state_budget(ctx, rep, "gpu_memory_utilization") + "; " + \
+            _rejects(ctx, "gpu_memory_utilization=1.5", gpu_memory_utilization=1.5)
     block_bytes = rep["kv_pool_bytes_per_token"] * 4
     # an idle device (free = total) where 0.05 of the total holds 500 blocks beyond 65 rows of state
     total = int((block_bytes * 500 + rep["state_bytes_per_row"] * 65) / 0.05)
@@ -200,6 +210,20 @@ def _gpu_memory_utilization(ctx: Ctx) -> str:
         "0.9 by default on CUDA; " + _rejects(ctx, "gpu_memory_utilization=1.5", gpu_memory_utilization=1.5)
 
 
+def _row_state_budget(ctx: Ctx, rep: dict, knob: str) -> str:
+    """A model without paged layers has no pool to size: the memory option decides whether
+    the per-row state (65 rows in ``_blocks_for``) fits. 0.05 of this memory leaves too
+    little, 0.1 enough."""
+    need = rep["state_bytes_per_row"] * 65
+    mem = int(need / 0.075)
+    probe_value = (mem, mem) if knob == "gpu_memory_utilization" else mem
+    expect_raises(lambda: _blocks_for(ctx, probe_value, **{knob: 0.05}), ValueError,
+                  f"{knob}=0.05 of memory short of the row state", match=knob)
+    if _blocks_for(ctx, probe_value, **{knob: 0.1}):
+        fail(f"{knob}=0.1: a model without paged layers got KV blocks")
+    return "no paged layer: refuses a share of memory (0.05) short of 65 rows' state, runs with 0.1 (no KV pool)"
+
+
 @probe("generation_config")
 def _generation_config(ctx: Ctx) -> str:
     from core_runner import LLM
@@ -213,7 +237,7 @@ def _generation_config(ctx: Ctx) -> str:
         gen.unlink(missing_ok=True)
         gen.write_text(json.dumps({**values, "temperature": 0.25, "top_k": 7, "max_new_tokens": 3}))
         opts = dict(plugins=ctx.pm, dtype="float32", device="cpu", max_model_len=ctx.max_model_len(32),
-                    max_num_seqs=2, num_kv_blocks=64, block_size=4, strict=False)
+                    max_num_seqs=2, num_kv_blocks=ctx.pool(64), block_size=4, strict=False)
         auto = LLM(str(path), generation_config="auto", **opts).get_default_sampling_params()
         plain = LLM(str(path), generation_config="vllm", **opts).get_default_sampling_params()
     if (auto.temperature, auto.top_k, auto.max_tokens) != (0.25, 7, 3):
@@ -228,6 +252,9 @@ def _generation_config(ctx: Ctx) -> str:
 @probe("kv_cache_memory_fraction")
 def _kv_fraction(ctx: Ctx) -> str:
     rep = ctx.engine().memory_report()
+    if not ctx.paged:
+        return _row_state_budget(ctx, rep, "kv_cache_memory_fraction") + "; " + \
+            _rejects(ctx, "kv_cache_memory_fraction=1.5", kv_cache_memory_fraction=1.5)
     block_bytes = rep["kv_pool_bytes_per_token"] * 4
     # at fraction 0.05 the budget is 500 blocks beyond the row state of 65 rows; 0.1 gives more
     fake_free = int((block_bytes * 500 + rep["state_bytes_per_row"] * 65) / 0.05)

@@ -124,7 +124,7 @@ def summary_lines(report: dict) -> list[str]:
         for cap, c in caps.items():
             mark = "" if c["observed"] not in ("broken", "not refused") and not c["observed"].startswith("passes") \
                 else "   <-- mismatch"
-            lines.append(f"    {cap:<18} declared {c['declared']:<12} observed {c['observed']}{mark}")
+            lines.append(f"    {cap:<18} declared {c['declared']:<14} observed {c['observed']}{mark}")
     if report.get("model"):
         lines.append(f"  checkpoint {report['model']} (engine dtype {report['dtype']})")
     if report.get("timing_s"):

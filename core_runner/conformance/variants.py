@@ -406,6 +406,10 @@ def long_position_example(reg: Registration, example: Example) -> tuple[Example 
     the length, why that length) or (None, 0, why there is none)."""
     base = reference_config(reg, example).to_dict()
     mpe = base.get("max_position_embeddings")
+    if mpe is None and not _rope_params(base) and "rope_theta" not in base:
+        # no position limit and no RoPE (a recurrent model: Mamba2): the state still has to
+        # carry a long prompt across chunks
+        return Example(f"{example.name}~long", dict(example.config)), LONG_POSITIONS, "no position limit"
     if not isinstance(mpe, int):
         return None, 0, "the reference config has no max_position_embeddings"
     length, why = long_length(base)

@@ -407,8 +407,8 @@ class AsyncLLM:
         if self.stats is None:
             return
         sch = self.engine.scheduler
-        total = max(1, self.engine.num_blocks)
-        self.stats.on_step(len(sch.running), len(sch.waiting), 1.0 - sch.pool.num_free / total)
+        total = self.engine.num_blocks  # 0: a model without paged layers uses no KV cache
+        self.stats.on_step(len(sch.running), len(sch.waiting), 1.0 - sch.pool.num_free / total if total else 0.0)
         queries, hits = sch.prefix_cache_queries, sch.prefix_cache_hits
         last_queries, last_hits = self._prefix_cache_reported
         self._prefix_cache_reported = (queries, hits)

@@ -18,8 +18,9 @@ from core_runner.engine.block_hash import BlockHash
 
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks={num_blocks} must be >= 1")
+        # 0: a model without paged layers, which never asks for a block
+        if num_blocks < 0:
+            raise ValueError(f"num_blocks={num_blocks} must be >= 0")
         self.num_blocks = num_blocks
         self._free: deque[int] = deque(range(num_blocks))  # free, no hash
         self._cached_free: OrderedDict[int, None] = OrderedDict()  # free, hash kept: the LRU

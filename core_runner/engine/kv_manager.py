@@ -12,6 +12,9 @@ of H blocks needs, in a full group, blocks [0, H) and, in a group with window w,
 blocks from the one holding position H * block_size - w + 1 up to H - 1: the first
 computed query then finds every key of its window (vLLM's sliding-window hit rule).
 The longest H that every group satisfies is taken.
+
+No group at all (``windows=[]``, an attention-free model): a request's table is empty,
+growing never needs a block, and the pool has none.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ NULL_BLOCK = -1
 
 class KVCacheManager:
     def __init__(self, windows: list[int | None], num_blocks: int, block_size: int, margin: int = 0) -> None:
-        self.windows = list(windows) or [None]
+        self.windows = list(windows)
         self.block_size = block_size
         self.margin = margin
         self.pool = BlockPool(num_blocks)
@@ -102,6 +105,8 @@ class KVCacheManager:
         """The longest cached prefix of at most ``limit`` blocks every group can resume
         from (one fewer with ``drop_last``); its blocks are referenced. Returns the table
         (NULL_BLOCK where a window needs nothing) and the number of blocks hit."""
+        if not self.num_groups:  # no paged layer caches anything: every group "agreeing" is no hit
+            return self.new_table(), 0
         found = [[(g, h) in self.pool.cached for h in hashes[:limit]] for g in range(self.num_groups)]
         n = self._longest_hit(limit, found)
         if drop_last and n:

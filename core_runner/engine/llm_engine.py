@@ -128,7 +128,7 @@ class LLMEngine:
         self.model, self.model_state = self.runner.model, self.runner.model_state
         state_cls = type(self.model_state)
         self.memory_probe = memory_probe or available_memory
-        self.num_blocks = config.num_kv_blocks or self._blocks_from_memory()
+        self.num_blocks = self._kv_pool_blocks()
         one = self.blocks_per_request()
         if self.num_blocks < one:
             raise ValueError(
@@ -198,7 +198,8 @@ class LLMEngine:
     def memory_report(self) -> dict[str, int]:
         """kv_bytes_per_token: every paged layer's entry for one token (what attention reads
         per token of context); kv_pool_bytes_per_token: what a block id costs per token
-        (less when KV cache groups share memory, kv_cache_groups.py)."""
+        (less when KV cache groups share memory, kv_cache_groups.py); both 0, with
+        kv_cache_groups 0, for a model without paged layers."""
         specs = self.runner.cache_specs()
         per_token = sum(s.bytes_per_token() for s in specs if isinstance(s, PagedCacheSpec))
         per_row = sum(s.bytes_per_row() for s in specs if isinstance(s, RowStateSpec))
@@ -209,7 +210,8 @@ class LLMEngine:
 
     def blocks_per_request(self) -> int:
         """The most blocks one request can hold at once: a full group covers max_model_len,
-        a windowed one its window plus a step's tokens (and speculation's rollback margin)."""
+        a windowed one its window plus a step's tokens (and speculation's rollback margin);
+        0 without KV cache groups (no paged layer)."""
         c = self.config
         total = 0
         for g in self.runner.kv_layout.groups:
@@ -220,16 +222,39 @@ class LLMEngine:
                 total += min(c.max_blocks_per_req, -(-span // c.block_size) + 1)
         return total
 
+    def _kv_pool_blocks(self) -> int:
+        """num_kv_blocks, or the pool sized from memory. A model without paged layers
+        (attention-free: every cache is per-row state) has no pool: 0 blocks, and a
+        num_kv_blocks asked for is refused, since nothing could honour it."""
+        c = self.config
+        if c.num_kv_blocks is not None and not self.runner.kv_layout.num_groups:
+            raise ValueError(
+                f"num_kv_blocks={c.num_kv_blocks}: {self.architecture} has no paged KV cache (no attention layer; its "
+                f"state is per request row, max_num_seqs={c.max_num_seqs} rows); leave num_kv_blocks=None"
+            )
+        return c.num_kv_blocks or self._blocks_from_memory()
+
     def _blocks_from_memory(self) -> int:
         rep = self.memory_report()
         c = self.config
         row_bytes = rep["state_bytes_per_row"] * (c.max_num_seqs + 1)
-        block_bytes = max(1, rep["kv_pool_bytes_per_token"] * c.block_size)
         activations = self._profile_activation_bytes()
         free, total = read_memory(self.memory_probe, torch.device(c.device))
         # the ranks of a node share its host memory; each GPU rank has its own device memory
         sharing = c.tensor_parallel_size // c.nnodes if c.device == "cpu" else 1
         budget = kv_cache_budget(c, free, total, activations) // sharing - row_bytes
+        if not rep["kv_cache_groups"]:  # no paged layer: the row state is all there is to fit
+            if budget < 0:
+                knob = "gpu_memory_utilization" if c.gpu_memory_utilization is not None else "kv_cache_memory_fraction"
+                raise ValueError(
+                    f"the per-row state of max_num_seqs={c.max_num_seqs} (+1 scratch) rows needs "
+                    f"{row_bytes / 2**20:.1f} MiB, {-budget / 2**20:.1f} MiB more than {knob}={getattr(c, knob)} "
+                    f"leaves ({free / 2**20:.1f} MiB free of {total / 2**20:.1f} MiB); lower max_num_seqs or raise "
+                    f"{knob}"
+                )
+            logger.info("no paged KV cache (no attention layer): no KV pool; row state %.1f MiB", row_bytes / 2**20)
+            return 0
+        block_bytes = max(1, rep["kv_pool_bytes_per_token"] * c.block_size)
         useful = c.max_num_seqs * self.blocks_per_request()  # more blocks than this can never be used
         n = min(useful, budget // block_bytes)
         logger.info("KV pool sized from memory: %d blocks (%.1f MiB; %.1f MiB free of %.1f MiB, activation peak "

@@ -56,8 +56,10 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.chunked_prefill = chunked_prefill
-        # one entry per KV cache group: its sliding window (None: full attention)
-        self.kv = KVCacheManager(kv_cache_windows or [None], num_blocks, block_size, margin=num_speculative_tokens)
+        # one entry per KV cache group: its sliding window (None: full attention); no entry
+        # for a model without paged layers (no block is ever needed)
+        windows = [None] if kv_cache_windows is None else kv_cache_windows
+        self.kv = KVCacheManager(windows, num_blocks, block_size, margin=num_speculative_tokens)
         self.pool = self.kv.pool
         self.caching = enable_prefix_caching
         # tokens looked up in the prefix cache at admission, and of them the tokens found

@@ -243,7 +243,7 @@ class ModelRunner:
         """Block tables and slot mappings of KV cache groups 1.. (group 0's come from input
         prep), written into static buffers on the device: no host read, graph-safe."""
         n = self.kv_layout.num_groups
-        if n == 1:
+        if n <= 1:  # group 0's come from input prep; a model without paged layers has none
             return (), ()
         t = positions.shape[0]
         r = idx.shape[0]

@@ -35,12 +35,14 @@ class RequestState:
         self.num_blocks_cpu = [[0] * self.num_rows for _ in range(num_kv_groups)]
 
     def set_num_kv_groups(self, n: int) -> None:
-        """One block table per KV cache group; called before any request is added."""
+        """One block table per KV cache group; called before any request is added. With no
+        group (a model without paged layers) ``block_table`` stays, all zeros, for input
+        prep, whose slots then name no cache: no layer writes or reads them."""
         if self.req_id_to_row:
             raise RuntimeError("the number of KV cache groups is fixed once requests hold rows")
-        t0 = self.group_tables[0]
-        self.group_tables = [t0] + [StagedWriteTensor(tuple(t0.gpu.shape), torch.int32, t0.gpu.device)
-                                    for _ in range(n - 1)]
+        t0 = self.block_table
+        self.group_tables = [t0][:n] + [StagedWriteTensor(tuple(t0.gpu.shape), torch.int32, t0.gpu.device)
+                                        for _ in range(n - 1)]
         self.num_blocks_cpu = [[0] * self.num_rows for _ in range(n)]
 
     def tables(self) -> dict[str, torch.Tensor]:
@@ -76,7 +78,9 @@ class RequestState:
 
     def append_blocks(self, row: int, block_ids: list[list[int]] | list[int]) -> None:
         """Append per-group block ids (a flat list: group 0 of a one-group model)."""
-        per_group = block_ids if block_ids and isinstance(block_ids[0], list) else [block_ids]
+        if not block_ids:
+            return  # nothing new (or no KV cache group at all)
+        per_group = block_ids if isinstance(block_ids[0], list) else [block_ids]
         if len(per_group) > len(self.group_tables):
             raise ValueError(f"{len(per_group)} KV cache groups of block ids for {len(self.group_tables)} tables")
         for g, ids in enumerate(per_group):
@@ -99,5 +103,6 @@ class RequestState:
         return row
 
     def apply_staged_writes(self) -> None:
-        for t in (self.token_ids, *self.group_tables, self.num_tokens, self.num_computed, self.num_prompt_tokens):
+        for t in (self.token_ids, self.block_table, *self.group_tables[1:], self.num_tokens, self.num_computed,
+                  self.num_prompt_tokens):
             t.apply_staged_writes()

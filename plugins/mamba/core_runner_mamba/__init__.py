@@ -1,0 +1,1 @@
+"""core-runner plugin: Mamba2ForCausalLM, an attention-free state-space model."""
