@@ -76,7 +76,8 @@ def test_incompatible_plugin_is_a_recorded_fault(tmp_path, monkeypatch):
 
 
 def test_builtin_plugins_declare_a_range_that_accepts_this_sdk():
-    builtin = ["qwen3", "deepseek", "granite_hybrid", "pooling", "mistral", "gemma", "gpt_oss", "mamba", "llama_template"]
+    builtin = ["qwen3", "deepseek", "granite_hybrid", "pooling", "mistral", "gemma", "gpt_oss", "mamba",
+               "llama_template"]
     pm = load_plugins(builtin)
     regs = pm.registry.registrations()
     assert {r.plugin for r in regs} == set(builtin)
@@ -98,4 +99,4 @@ def test_cli_plugins_shows_the_sdk_and_each_range(capsys):
     main(["plugins"])
     out = capsys.readouterr().out
     assert f"core_runner.sdk {SDK_VERSION}" in out
-    assert "Qwen3ForCausalLM tasks=generate reference=transformers:Qwen3ForCausalLM sdk=>=1.0,<2" in out
+    assert "Qwen3ForCausalLM tasks=generate reference=transformers:Qwen3ForCausalLM sdk=>=1.1,<2" in out

@@ -188,36 +188,48 @@ def test_mixer_rank_slices(n_groups, tp):
         assert m.norm.spans_ranks == (n_groups < tp)
 
 
+def _moe(num_experts: int, intermediate: int):
+    """The plugin's MoE block (router + FusedMoE), returning this rank's partial sum."""
+    from types import SimpleNamespace
+
+    from core_runner_granite_hybrid.common import GraniteMoE
+
+    cfg = SimpleNamespace(num_local_experts=num_experts, hidden_size=HID, intermediate_size=intermediate,
+                          num_experts_per_tok=2)
+    return GraniteMoE(cfg, reduce_results=False)
+
+
 def test_experts_and_shared_mlp_rank_slices():
-    from core_runner_granite_hybrid.model import Experts, SharedMLP
+    from core_runner_granite_hybrid.model import SharedMLP
 
     E, I, S = 3, 8, 12
-    gate_up, down = torch.randn(E, 2 * I, HID), torch.randn(E, HID, I)
+    gate_up, down, router = torch.randn(E, 2 * I, HID), torch.randn(E, HID, I), torch.randn(E, HID)
     shared_in, shared_out = torch.randn(2 * S, HID), torch.randn(HID, S)
     for rank in range(2):
         with _as_rank(rank, 2):
-            experts, mlp = Experts(E, HID, I), SharedMLP(HID, S, "silu", reduce_results=False)
-        _load(experts, {"gate_up_proj": gate_up, "down_proj": down})
+            moe, mlp = _moe(E, I), SharedMLP(HID, S, "silu", reduce_results=False)
+        _load(moe, {"router.weight": router, "experts.w13.weight": gate_up, "experts.w2.weight": down})
         _load(mlp, {"input_linear.weight": shared_in, "output_linear.weight": shared_out})
         mine, smine = slice(rank * I // 2, (rank + 1) * I // 2), slice(rank * S // 2, (rank + 1) * S // 2)
-        assert torch.equal(experts.gate_up_proj, torch.cat([gate_up[:, :I][:, mine], gate_up[:, I:][:, mine]], 1))
-        assert torch.equal(experts.down_proj, down[:, :, mine])
+        assert torch.equal(moe.router.weight, router)  # replicated: every rank routes alike
+        assert torch.equal(moe.experts.w13.weight, torch.cat([gate_up[:, :I][:, mine], gate_up[:, I:][:, mine]], 1))
+        assert torch.equal(moe.experts.w2.weight, down[:, :, mine])
         assert torch.equal(mlp.input_linear.weight, torch.cat([shared_in[:S][smine], shared_in[S:][smine]]))
         assert torch.equal(mlp.output_linear.weight, shared_out[:, smine])
 
 
 def test_expert_parallel_rank_slices():
-    from core_runner_granite_hybrid.model import Experts
-
     E, I = 4, 8
     gate_up, down = torch.randn(E, 2 * I, HID), torch.randn(E, HID, I)
     x, half = torch.randn(3, HID), torch.full((3, 2), 0.5)
     for rank in range(2):
         with _as_rank(rank, 2, expert_parallel=True):
-            experts = Experts(E, HID, I)
-        _load(experts, {"gate_up_proj": gate_up, "down_proj": down})
+            moe = _moe(E, I)
+        _load(moe, {"router.weight": torch.randn(E, HID), "experts.w13.weight": gate_up,
+                    "experts.w2.weight": down})
+        experts = moe.experts
         mine, theirs = [2 * rank, 2 * rank + 1], [2 - 2 * rank, 3 - 2 * rank]
-        assert torch.equal(experts.gate_up_proj, gate_up[mine]) and torch.equal(experts.down_proj, down[mine])
+        assert torch.equal(experts.w13.weight, gate_up[mine]) and torch.equal(experts.w2.weight, down[mine])
         # tokens routed only to the other rank's experts get nothing here
         assert torch.count_nonzero(experts(x, half, torch.tensor([theirs] * 3))) == 0
         got = experts(x, half, torch.tensor([[mine[0], theirs[0]]] * 3))
@@ -225,12 +237,10 @@ def test_expert_parallel_rank_slices():
         assert torch.allclose(got, 0.5 * F.linear(F.silu(g) * u, down[mine[0]]), atol=1e-6)
     with _as_rank(0, 4, expert_parallel=True), pytest.raises(
             ValueError, match=r"num_local_experts \(split by expert parallelism\)=6 is not divisible"):
-        Experts(6, HID, I)
+        _moe(6, I)
 
 
 def test_tp_bad_sizes_are_named():
-    from core_runner_granite_hybrid.model import Experts
-
     from core_runner.layers import Mamba2Mixer
 
     heads6 = "mamba num_heads=6 is not divisible by tensor_parallel_size=4"
@@ -240,16 +250,15 @@ def test_tp_bad_sizes_are_named():
     with _as_rank(0, 4), pytest.raises(ValueError, match=heads6):
         Mamba2Mixer(HID, num_heads=6, head_dim=P, d_state=N, n_groups=1)
     with _as_rank(1, 4), pytest.raises(ValueError, match=r"intermediate_size \(of each expert\)=6 is not divisible"):
-        Experts(2, HID, 6)
+        _moe(2, 6)
     with _as_rank(1, 2):
-        m, experts = _mixer(1), Experts(2, HID, 8)
+        m, experts = _mixer(1), _moe(2, 8).experts
     rows = 2 * H * P + 2 * N + H
     with pytest.raises(ValueError, match=rf"in_proj: checkpoint tensor has shape \({rows + 1}, {HID}\), "
                                          rf"expected \({rows}, {HID}\)"):
         m.in_proj.weight_loader(m.in_proj.weight, torch.zeros(rows + 1, HID))
-    with pytest.raises(ValueError, match=r"experts.down_proj: checkpoint tensor has shape \(2, 16, 4\), "
-                                         r"expected \(2, 16, 8\)"):
-        experts.down_proj.weight_loader(experts.down_proj, torch.zeros(2, HID, 4))
+    with pytest.raises(ValueError, match=r"stacked expert tensor has shape \(2, 16, 4\), expected \(2, 16, 8\)"):
+        experts.w2.weight.weight_loader(experts.w2.weight, torch.zeros(2, HID, 4))
 
 
 def test_parallel_capabilities_declared():

@@ -238,15 +238,15 @@ class Ctx:
         sizes = [opts["max_num_seqs"], opts["max_model_len"], opts["block_size"]]
         if "num_kv_blocks" not in overrides and all(isinstance(v, int) and v > 0 for v in sizes):
             opts["num_kv_blocks"] = self.pool(opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"]),
-                                              model)
+                                              model, opts.get("load_format"))
         return LLM(model, plugins=self.pm, memory_probe=memory_probe, **opts)
 
-    def pool(self, blocks: int, model: str | None = None) -> int | None:
+    def pool(self, blocks: int, model: str | None = None, load_format: str | None = None) -> int | None:
         """num_kv_blocks holding the memory of ``blocks`` blocks of every layer: a model whose
         KV cache groups share memory (core_runner/kv_cache_groups.py) spends one block id per
         group where a one-group model spends one for all layers. None for a model without
         paged layers (zero groups), which has no pool and refuses num_kv_blocks."""
-        groups = self.kv_cache_groups(model)
+        groups = self.kv_cache_groups(model, load_format)
         return blocks * groups if groups else None
 
     @property
@@ -254,15 +254,18 @@ class Ctx:
         """The example's model has paged (attention) layers; False for an attention-free one."""
         return self.kv_cache_groups() > 0
 
-    def kv_cache_groups(self, model: str | None = None) -> int:
+    def kv_cache_groups(self, model: str | None = None, load_format: str | None = None) -> int:
+        """The model's KV cache group count, from a probe engine on its checkpoint (built with
+        ``load_format``: a config-only checkpoint, as CR-SPEC-03's, needs "dummy")."""
         from core_runner import LLM
 
         path = model or str(self.ref.path)
         if path not in _KV_GROUPS:
             # num_kv_blocks=None: a pool of at most one 16-token request (4 blocks a group), and
             # none for a model without paged layers (which would refuse num_kv_blocks)
+            load = {} if load_format is None else {"load_format": load_format}
             probe = LLM(path, plugins=self.pm, dtype=self.tolerance.dtype, device="cpu", max_model_len=16,
-                        max_num_seqs=1, block_size=4, num_kv_blocks=None, strict=False)
+                        max_num_seqs=1, block_size=4, num_kv_blocks=None, strict=False, **load)
             _KV_GROUPS[path] = probe.engine.memory_report()["kv_cache_groups"]
         return _KV_GROUPS[path]
 

@@ -1,6 +1,12 @@
-"""Entry point module: registers GraniteMoeHybridForCausalLM. Imports no torch."""
+"""Entry point module: registers GraniteMoeHybridForCausalLM (Granite 4.0 hybrid) and the
+Granite 3.x families GraniteForCausalLM (dense) and GraniteMoeForCausalLM. Imports no torch."""
 from core_runner.sdk import hookimpl
-from core_runner_granite_hybrid.examples import GRANITE_4_0_H_350M, GRANITE_4_0_H_TINY
+from core_runner_granite_hybrid.examples import (
+    GRANITE_3_1_2B,
+    GRANITE_3_1_3B_A800M,
+    GRANITE_4_0_H_350M,
+    GRANITE_4_0_H_TINY,
+)
 
 # the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
 SDK_RANGE = ">=1.0,<2"
@@ -18,7 +24,7 @@ CAPABILITIES = {
     "triton_attention": "supported",
     # attention and Mamba heads, MLP and expert intermediates, vocabulary split across ranks
     "tensor_parallel": "supported",
-    # whole experts per rank (the plugin's own Experts class)
+    # whole experts per rank (FusedMoE)
     "expert_parallel": "supported",
     # the Mamba layers' recurrent state would have to return to the accepted prefix after
     # a rejection (per-position state snapshots), which is not kept
@@ -38,6 +44,19 @@ TINY = dict(
     initializer_range=0.1, tie_word_embeddings=True,
 )
 
+# Granite 3.x: attention-only decoders, so the hybrid's two blockers do not apply
+GRANITE_3_CAPABILITIES = {**CAPABILITIES, "prefix_caching": "supported", "speculative_decoding": "supported"}
+DENSE_CAPABILITIES = {**GRANITE_3_CAPABILITIES, "expert_parallel": "unsupported"}  # no MoE layers
+# what the layers implement: SiLU-gated MLPs and experts (transformers takes any ACT2FN name)
+ACCEPTED_CONFIG = {"hidden_act": ["silu"]}
+
+TINY_DENSE = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0,
+    embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.0,
+    attention_bias=True, mlp_bias=True, tie_word_embeddings=False, initializer_range=0.1,
+)
+
 
 @hookimpl
 def register_models(registry):
@@ -55,4 +74,27 @@ def register_models(registry):
             {"name": "tiny-moe-rope", "config": {**TINY, "num_local_experts": 4, "num_experts_per_tok": 2,
                                                  "position_embedding_type": "rope", "tie_word_embeddings": False}},
         ],
+    )
+    registry.add(
+        architecture="GraniteForCausalLM",
+        model="core_runner_granite_hybrid.model_dense:GraniteForCausalLM",
+        model_state="model_states.default:DefaultModelState",
+        capabilities=DENSE_CAPABILITIES,
+        accepted_config=ACCEPTED_CONFIG,
+        reference="transformers:GraniteForCausalLM",
+        sdk_version=SDK_RANGE,
+        examples=[
+            {"name": "granite-3.1-2b-shape", "config": GRANITE_3_1_2B},
+            {"name": "tiny-untied-bias", "config": TINY_DENSE},
+        ],
+    )
+    registry.add(
+        architecture="GraniteMoeForCausalLM",
+        model="core_runner_granite_hybrid.model_moe:GraniteMoeForCausalLM",
+        model_state="model_states.default:DefaultModelState",
+        capabilities=GRANITE_3_CAPABILITIES,
+        accepted_config=ACCEPTED_CONFIG,
+        reference="transformers:GraniteMoeForCausalLM",
+        sdk_version=SDK_RANGE,
+        examples=[{"name": "granite-3.1-3b-a800m-shape", "config": GRANITE_3_1_3B_A800M}],
     )
