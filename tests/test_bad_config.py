@@ -112,6 +112,30 @@ def test_every_builtin_example_passes_and_is_estimated_exactly():
     assert checked >= 20
 
 
+def test_the_estimate_leaves_nothing_fake_behind():
+    """A model holding reference cycles (this fixture's bound forwards) outlives its estimate
+    until the cyclic GC runs; a shared per-device cache (RoPE tables) must not hand its fake
+    tensors to the real build that follows."""
+    import gc
+
+    from conformance_fixtures.offsets import QueryPositionsFromState
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from core_runner.loader import estimate_footprint
+
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    gc.disable()
+    try:
+        assert estimate_footprint(QueryPositionsFromState, cfg, torch.float32) is not None
+        model = QueryPositionsFromState(cfg)
+    finally:
+        gc.enable()
+    tensors = [v for m in model.modules() for v in [*vars(m).values(), *m._parameters.values(), *m._buffers.values()]
+               if isinstance(v, torch.Tensor)]
+    assert tensors and not any(isinstance(t, FakeTensor) or t.device.type == "meta" for t in tensors)
+
+
 def test_a_missing_field_transformers_refuses_names_the_file_and_the_field(tiny_ckpt, tmp_path, capsys):
     from core_runner.cli import main
 

@@ -1,14 +1,15 @@
 """What a model's weights will take, from its config alone, before anything is allocated.
 
-The model class is built with fake tensors (torch's FakeTensorMode: shapes and devices on
-meta storage, nothing allocated) and its parameters and buffers are summed, numel x
-itemsize. A model of more than ``EXACT_LAYERS`` layers is
+The model class is built with fake tensors on the meta device (torch's FakeTensorMode:
+shapes without storage, nothing allocated) and its parameters and buffers are summed,
+numel x itemsize. A model of more than ``EXACT_LAYERS`` layers is
 built with 1 and 2 layers instead (``num_hidden_layers`` and every list as long as it are
 cut) and the difference extrapolated: building 10,000 layers, even of fake tensors, takes
 seconds. A class that cannot be built so gives no estimate (the real build then runs).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 from dataclasses import dataclass
@@ -33,16 +34,19 @@ class Footprint:
 
 
 def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype) -> tuple[int, str, int]:
-    try:  # fake tensors: shapes on meta storage that still take .to("cpu") (RoPE tables are built there)
+    # fake tensors take .to("cpu") (RoPE tables are built there), which meta tensors refuse; the meta
+    # default device keeps every tensor, and every per-device cache key (shared RoPE tables), off
+    # the devices a real build uses, so nothing fake can leak into one
+    try:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        mode: Any = FakeTensorMode(allow_non_fake_inputs=True)
-    except ImportError:  # a torch without it: the meta device (a RoPE table's copy to the CPU fails there)
-        mode = torch.device("meta")
+        fake: Any = FakeTensorMode(allow_non_fake_inputs=True)
+    except ImportError:  # a torch without it: the meta device alone (a RoPE table's copy to the CPU fails there)
+        fake = contextlib.nullcontext()
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with mode:
+        with fake, torch.device("meta"):
             model = model_cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
