@@ -6,6 +6,8 @@ tokenizer for stop strings) happen in ``InputProcessor.validate_params`` at requ
 from __future__ import annotations
 
 import math
+import operator
+import re
 from dataclasses import dataclass, field
 
 # Ranges of the device tables the values are staged into (core_runner/sample/*: top_k is
@@ -25,6 +27,20 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
 
+def _token_id_key(k: object) -> int | None:
+    """A logit_bias key as a token id: an int (numpy's too; not a bool, whose int() is 0 or 1,
+    nor a float, which int() would truncate: 1.7 -> 1) or a string of ASCII decimal digits, as
+    JSON object keys arrive (not " 7 " or "1_0", which Python's int() would read); else None."""
+    if isinstance(k, str):
+        return int(k) if re.fullmatch(r"[0-9]+", k) else None
+    if isinstance(k, bool):
+        return None
+    try:
+        return operator.index(k)
+    except TypeError:
+        return None
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """How to generate for one request (vLLM-compatible names).
@@ -37,9 +53,11 @@ class SamplingParams:
     Penalties follow vLLM: ``repetition_penalty`` (HF-style, on prompt and output
     tokens: positive logits divided, negative multiplied), ``frequency_penalty`` and
     ``presence_penalty`` (OpenAI-style, on output tokens: minus count x frequency, minus
-    presence once). ``logit_bias`` adds to the logits of token ids. While fewer than
-    ``min_tokens`` tokens are out, EOS (unless ``ignore_eos``) and ``stop_token_ids``
-    cannot be sampled and stop strings are not checked.
+    presence once). ``logit_bias`` adds to the logits of token ids: its keys are ints, or
+    strings of decimal digits ("42", as JSON object keys arrive; vLLM's server reads them
+    with int(), which also takes " 42 " and "4_2": refused here, as are floats and bools).
+    While fewer than ``min_tokens`` tokens are out, EOS (unless ``ignore_eos``) and
+    ``stop_token_ids`` cannot be sampled and stop strings are not checked.
 
     ``stop`` strings end generation when they appear in the detokenised output, which
     is cut just before them. ``logprobs`` k returns, per generated token, the log
@@ -140,13 +158,15 @@ class SamplingParams:
             raise bad("logit_bias", "expected None or a dict {token_id: bias}")
         bias = {}
         for k, v in self.logit_bias.items():
-            try:
-                tok = int(k)  # JSON object keys arrive as strings
-            except (TypeError, ValueError):
-                raise bad("logit_bias", f"token id {k!r} is not an integer") from None
+            tok = _token_id_key(k)
+            if tok is None:
+                raise bad("logit_bias", f"token id {k!r} is not an integer: expected int keys, or strings of "
+                          "decimal digits such as \"42\" (JSON object keys)")
             if not 0 <= tok <= INT64_MAX:
                 raise bad("logit_bias", f"token id {tok} is outside [0, 2**63) (the engine checks the vocabulary "
                           "at add time)")
+            if tok in bias:
+                raise bad("logit_bias", f"token id {tok} is given twice (keys {k!r} and another that reads as {tok})")
             if not _is_number(v) or not -100.0 <= v <= 100.0:
                 raise bad("logit_bias", f"bias {v!r} of token {tok} is outside [-100, 100]")
             bias[tok] = float(v)

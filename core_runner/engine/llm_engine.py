@@ -14,6 +14,7 @@ from core_runner.distributed import use_tp_group
 from core_runner.engine.debug import EngineDebug
 from core_runner.engine.defaults import (
     MemoryProbe,
+    check_device,
     choose_cpu_threads,
     kv_cache_budget,
     load_generation_defaults,
@@ -83,6 +84,7 @@ class LLMEngine:
         memory_probe: MemoryProbe | None = None,
     ) -> None:
         self.config = config
+        check_device(config.device)
         # before any weight is read: loading runs on the same threads
         self.cpu_threads = choose_cpu_threads(config.device, config.tensor_parallel_size // config.nnodes)
         self.plugins = plugins or load_plugins(strict=config.strict)
