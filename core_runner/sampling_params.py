@@ -27,6 +27,22 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
 
+class AtMost(int):
+    """``max_tokens=AtMost(n)``: at most n tokens, cut to what ``max_model_len`` leaves after
+    the prompt, where a plain int above that is refused (as vLLM's server refuses it).
+    Defaults are AtMost: SamplingParams' 16 and a checkpoint's ``max_new_tokens``
+    (generation_config.json), as vLLM's server cuts its defaults. It equals, hashes, prints
+    and serialises as the plain int, and ``dataclasses.replace`` keeps it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+DEFAULT_MAX_TOKENS = AtMost(16)
+
+
 def _token_id_key(k: object) -> int | None:
     """A logit_bias key as a token id: an int (numpy's too; not a bool, whose int() is 0 or 1,
     nor a float, which int() would truncate: 1.7 -> 1) or a string of ASCII decimal digits, as
@@ -66,7 +82,9 @@ class SamplingParams:
     of the raw model distribution, before penalties, bias and temperature; they come back
     as vLLM's ``{token id: Logprob(logprob, rank, decoded_token)}`` per position.
 
-    vLLM's other names: ``max_tokens=None`` generates until ``max_model_len``; ``top_k`` 0
+    vLLM's other names: ``max_tokens=None`` generates until ``max_model_len``; an explicit
+    ``max_tokens`` above what ``max_model_len`` leaves after the prompt is refused when the
+    request is added (the default 16 is cut to it, as is any ``AtMost(n)``); ``top_k`` 0
     is stored as -1 (both mean off); ``n`` > 1 gives n independent samples of one prompt
     (``LLM.generate`` runs them as n requests, seeded ``seed + i`` when ``seed`` is set);
     ``include_stop_str_in_output`` keeps the stop string at the end of the text;
@@ -74,7 +92,7 @@ class SamplingParams:
     is accepted at its default (True) only: the detokenizer has no other spacing.
     """
 
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0

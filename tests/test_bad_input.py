@@ -155,8 +155,41 @@ def test_prompt_too_long_and_empty_prompt(llm):
 
 
 def test_prompt_of_max_model_len_minus_one_generates_one_token(llm):
-    out = llm.generate([[7] * 31], SamplingParams(max_tokens=5, temperature=0.0))[0]
+    out = llm.generate([[7] * 31], SamplingParams(max_tokens=1, temperature=0.0))[0]
     assert len(out.token_ids) == 1 and out.finish_reason == "length"
+    # the default max_tokens (16) is cut to what the context leaves; None means all of it
+    for params in (SamplingParams(temperature=0.0), SamplingParams(max_tokens=None, temperature=0.0)):
+        out = llm.generate([[7] * 31], params)[0]
+        assert len(out.token_ids) == 1 and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("max_tokens", [23, 10**12, 2**70])
+def test_max_tokens_beyond_the_context_is_refused_naming_both_numbers(llm, max_tokens):
+    with pytest.raises(ValueError, match=rf"prompt 1: SamplingParams.max_tokens={max_tokens} is too large: the prompt "
+                                         r"has 10 tokens and max_model_len is 32, which leaves at most 22 "
+                                         rf"\({max_tokens} > 32 - 10\)"):
+        llm.generate([[5] * 4, [5] * 10], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=max_tokens)])
+    with pytest.raises(ValueError, match=rf"max_tokens={max_tokens} is too large"):
+        llm.engine.add_request([5] * 10, SamplingParams(max_tokens=max_tokens))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_max_tokens_up_to_the_context_runs_and_defaults_stay_defaults(llm):
+    import dataclasses
+
+    from core_runner.engine.defaults import GenerationDefaults
+    from core_runner.sampling_params import AtMost
+
+    out = llm.generate([[5] * 10], SamplingParams(max_tokens=22, ignore_eos=True))[0]
+    assert len(out.token_ids) == 22 and out.finish_reason == "length"
+    default = SamplingParams(temperature=0.0)
+    assert default.max_tokens == 16 and repr(default.max_tokens) == "16"
+    assert isinstance(dataclasses.replace(default, top_k=3).max_tokens, AtMost)  # still a default
+    assert not isinstance(dataclasses.replace(default, max_tokens=16).max_tokens, AtMost)  # asked for
+    checkpoint = GenerationDefaults(sampling={"max_tokens": 4096}).sampling_params()  # generation_config.json's
+    assert checkpoint.max_tokens == 4096 and isinstance(checkpoint.max_tokens, AtMost)
+    out = llm.generate([[5] * 10], dataclasses.replace(checkpoint, ignore_eos=True))[0]
+    assert len(out.token_ids) == 22 and out.finish_reason == "length"
 
 
 def test_bad_request_does_not_harm_the_batch(llm):

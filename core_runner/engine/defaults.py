@@ -15,7 +15,7 @@ import torch
 
 from core_runner.config import EngineConfig
 from core_runner.loader import eos_ids, read_json
-from core_runner.sampling_params import SamplingParams
+from core_runner.sampling_params import AtMost, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +76,12 @@ class GenerationDefaults:
     sampling: dict[str, Any] = field(default_factory=dict)
 
     def sampling_params(self) -> SamplingParams:
-        """A fresh SamplingParams: vLLM's defaults overridden by the checkpoint's."""
-        return SamplingParams(**self.sampling)
+        """A fresh SamplingParams: vLLM's defaults overridden by the checkpoint's (its
+        max_new_tokens stays a default: the engine cuts it to what the context leaves)."""
+        sampling = dict(self.sampling)
+        if sampling.get("max_tokens") is not None:
+            sampling["max_tokens"] = AtMost(sampling["max_tokens"])
+        return SamplingParams(**sampling)
 
 
 def load_generation_defaults(path: str | Path, hf_config: Any, mode: str = "auto") -> GenerationDefaults:
