@@ -393,8 +393,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, ImportError, RuntimeError) as e:
-        print(f"core-runner: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, ImportError, RuntimeError) as e:
+        # a bad option, config or checkpoint: one line, no traceback (-v logs it with one)
+        logging.getLogger("core_runner.cli").info("the error's traceback:", exc_info=True)
+        print(f"core-runner: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
 
 

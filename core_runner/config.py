@@ -1,9 +1,13 @@
 """EngineConfig: every engine option in one frozen dataclass, validated once."""
 from __future__ import annotations
 
+import functools
 import logging
 import os
-from dataclasses import dataclass, field
+import re
+import types
+import typing
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from core_runner.speculative_config import SpeculativeConfig
@@ -75,6 +79,23 @@ def choose_batch_limits(
     else:
         tokens = max_num_batched_tokens
     return seqs, tokens
+
+
+# str fields that name a path or a hub id: an os.PathLike is taken as its str
+PATH_FIELDS = ("model", "tokenizer")
+
+
+@functools.cache
+def _field_types() -> dict[str, tuple[type, ...] | None]:
+    """EngineConfig's field -> the types its annotation allows (None: Any, unchecked)."""
+    hints = typing.get_type_hints(EngineConfig)
+    out: dict[str, tuple[type, ...] | None] = {}
+    for f in fields(EngineConfig):
+        hint = hints[f.name]
+        args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+            else (hint,)
+        out[f.name] = None if any(a is Any for a in args) else tuple(args)
+    return out
 
 
 @dataclass(frozen=True)
@@ -177,11 +198,10 @@ class EngineConfig:
         def bad(name: str, value: object, valid: str) -> ValueError:
             return ValueError(f"{name}={value!r} is invalid: {valid}")
 
+        self._check_types(bad)
         if self.dtype not in _DTYPES:
             raise bad("dtype", self.dtype, f"expected one of {_DTYPES}")
-        if not isinstance(self.device, str) or not (
-            self.device in ("cpu", "auto") or self.device.startswith("cuda")
-        ):
+        if self.device not in ("cpu", "auto") and not re.fullmatch(r"cuda(:[0-9]+)?", self.device):
             raise bad("device", self.device, "expected 'auto', 'cpu', 'cuda' or 'cuda:N'")
         object.__setattr__(self, "device", resolve_device(self.device))
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
@@ -243,6 +263,24 @@ class EngineConfig:
         v = self.max_cudagraph_capture_size
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise bad("max_cudagraph_capture_size", v, "expected an integer >= 1 or None (1024)")
+
+    def _check_types(self, bad) -> None:
+        """Every field against its annotation (``int | None``, ``bool``, ...): an int field takes
+        no bool (bool is a subclass of int) and no float, a float field takes an int, a str
+        field of a path (``PATH_FIELDS``) an ``os.PathLike`` (kept as its str)."""
+        for name, allowed in _field_types().items():
+            v = getattr(self, name)
+            if allowed is None or (v is None and type(None) in allowed):
+                continue
+            if name in PATH_FIELDS and isinstance(v, os.PathLike):
+                object.__setattr__(self, name, v := os.fspath(v))
+            if isinstance(v, bool):
+                ok = bool in allowed
+            else:
+                ok = any(isinstance(v, t) for t in allowed) or (float in allowed and isinstance(v, int))
+            if not ok:
+                names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+                raise bad(name, v, f"expected {names}, got {type(v).__name__}")
 
     def _check_parallel(self, bad) -> None:
         def positive(name: str) -> int:

@@ -6,6 +6,8 @@ tokenizer for stop strings) happen in ``InputProcessor.validate_params`` at requ
 from __future__ import annotations
 
 import math
+import operator
+import re
 from dataclasses import dataclass, field
 
 # Ranges of the device tables the values are staged into (core_runner/sample/*: top_k is
@@ -25,6 +27,36 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and abs(x) <= FLOAT32_MAX
 
 
+class AtMost(int):
+    """``max_tokens=AtMost(n)``: at most n tokens, cut to what ``max_model_len`` leaves after
+    the prompt, where a plain int above that is refused (as vLLM's server refuses it).
+    Defaults are AtMost: SamplingParams' 16 and a checkpoint's ``max_new_tokens``
+    (generation_config.json), as vLLM's server cuts its defaults. It equals, hashes, prints
+    and serialises as the plain int, and ``dataclasses.replace`` keeps it."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+
+DEFAULT_MAX_TOKENS = AtMost(16)
+
+
+def _token_id_key(k: object) -> int | None:
+    """A logit_bias key as a token id: an int (numpy's too; not a bool, whose int() is 0 or 1,
+    nor a float, which int() would truncate: 1.7 -> 1) or a string of ASCII decimal digits, as
+    JSON object keys arrive (not " 7 " or "1_0", which Python's int() would read); else None."""
+    if isinstance(k, str):
+        return int(k) if re.fullmatch(r"[0-9]+", k) else None
+    if isinstance(k, bool):
+        return None
+    try:
+        return operator.index(k)
+    except TypeError:
+        return None
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """How to generate for one request (vLLM-compatible names).
@@ -37,9 +69,11 @@ class SamplingParams:
     Penalties follow vLLM: ``repetition_penalty`` (HF-style, on prompt and output
     tokens: positive logits divided, negative multiplied), ``frequency_penalty`` and
     ``presence_penalty`` (OpenAI-style, on output tokens: minus count x frequency, minus
-    presence once). ``logit_bias`` adds to the logits of token ids. While fewer than
-    ``min_tokens`` tokens are out, EOS (unless ``ignore_eos``) and ``stop_token_ids``
-    cannot be sampled and stop strings are not checked.
+    presence once). ``logit_bias`` adds to the logits of token ids: its keys are ints, or
+    strings of decimal digits ("42", as JSON object keys arrive; vLLM's server reads them
+    with int(), which also takes " 42 " and "4_2": refused here, as are floats and bools).
+    While fewer than ``min_tokens`` tokens are out, EOS (unless ``ignore_eos``) and
+    ``stop_token_ids`` cannot be sampled and stop strings are not checked.
 
     ``stop`` strings end generation when they appear in the detokenised output, which
     is cut just before them. ``logprobs`` k returns, per generated token, the log
@@ -48,7 +82,9 @@ class SamplingParams:
     of the raw model distribution, before penalties, bias and temperature; they come back
     as vLLM's ``{token id: Logprob(logprob, rank, decoded_token)}`` per position.
 
-    vLLM's other names: ``max_tokens=None`` generates until ``max_model_len``; ``top_k`` 0
+    vLLM's other names: ``max_tokens=None`` generates until ``max_model_len``; an explicit
+    ``max_tokens`` above what ``max_model_len`` leaves after the prompt is refused when the
+    request is added (the default 16 is cut to it, as is any ``AtMost(n)``); ``top_k`` 0
     is stored as -1 (both mean off); ``n`` > 1 gives n independent samples of one prompt
     (``LLM.generate`` runs them as n requests, seeded ``seed + i`` when ``seed`` is set);
     ``include_stop_str_in_output`` keeps the stop string at the end of the text;
@@ -56,7 +92,7 @@ class SamplingParams:
     is accepted at its default (True) only: the detokenizer has no other spacing.
     """
 
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     temperature: float = 1.0
     top_k: int = -1
     top_p: float = 1.0
@@ -140,13 +176,15 @@ class SamplingParams:
             raise bad("logit_bias", "expected None or a dict {token_id: bias}")
         bias = {}
         for k, v in self.logit_bias.items():
-            try:
-                tok = int(k)  # JSON object keys arrive as strings
-            except (TypeError, ValueError):
-                raise bad("logit_bias", f"token id {k!r} is not an integer") from None
+            tok = _token_id_key(k)
+            if tok is None:
+                raise bad("logit_bias", f"token id {k!r} is not an integer: expected int keys, or strings of "
+                          "decimal digits such as \"42\" (JSON object keys)")
             if not 0 <= tok <= INT64_MAX:
                 raise bad("logit_bias", f"token id {tok} is outside [0, 2**63) (the engine checks the vocabulary "
                           "at add time)")
+            if tok in bias:
+                raise bad("logit_bias", f"token id {tok} is given twice (keys {k!r} and another that reads as {tok})")
             if not _is_number(v) or not -100.0 <= v <= 100.0:
                 raise bad("logit_bias", f"bias {v!r} of token {tok} is outside [-100, 100]")
             bias[tok] = float(v)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -66,27 +67,65 @@ _ST_MODES = {
 }
 
 
+class UnsupportedPoolingMode(ValueError):
+    """A sentence-transformers pooling mode this state does not implement (max, mean_sqrt_len,
+    weightedmean, several at once): only requests relying on the default pooling fail."""
+
+
+def _read_json(file: Path, what: str) -> object:
+    """``file`` parsed; an unreadable file or invalid JSON is a ValueError naming the file, the
+    position and what was expected."""
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{file}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); expected {what}") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file}: cannot be read ({e}); expected {what}") from e
+
+
+def _module_dir(root: Path, modules: Path, entry: dict) -> Path:
+    """``root / entry["path"]``, refused (naming modules.json and the path) unless it is a
+    relative path that stays inside the checkpoint: the checkpoint is data, and a path such as
+    "../x" or "/etc" would make it read files elsewhere. Checked on the written path, not on
+    resolved symlinks: the hub cache links every file of a snapshot to a blob outside it."""
+    rel = entry.get("path", "")
+    if not isinstance(rel, str):
+        raise ValueError(f"{modules}: module {entry.get('name', '?')!r} has path {rel!r}; expected a relative path "
+                         "inside the checkpoint directory (a string)")
+    norm = os.path.normpath(rel) if rel else "."
+    if os.path.isabs(rel) or norm == ".." or norm.startswith(".." + os.sep):
+        raise ValueError(f"{modules}: module {entry.get('name', '?')!r} has path {rel!r}, which leaves the checkpoint "
+                         f"directory {root}; expected a relative path inside it (e.g. \"1_Pooling\")")
+    return root / norm
+
+
 def sentence_transformers_pooling(path: str | Path) -> str | None:
     """The pooling mode named by a sentence-transformers checkpoint directory; None when
-    the directory has no such config. Raises if it asks for a mode we do not implement
-    or for several at once."""
+    the directory has no modules.json or no Pooling module in it. A modules.json or Pooling
+    config.json that cannot be read (bad JSON, a path leaving the checkpoint, a missing
+    file) raises ValueError naming the file; a mode we do not implement, or several at once,
+    raises UnsupportedPoolingMode."""
     root = Path(path)
     modules = root / "modules.json"
     if not modules.is_file():
         return None
-    try:
-        entries = json.loads(modules.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    entries = _read_json(modules, "a JSON list of sentence-transformers modules")
+    if not isinstance(entries, list) or not all(isinstance(m, dict) for m in entries):
+        raise ValueError(f"{modules}: the top level is {type(entries).__name__}; expected a JSON list of module "
+                         "objects")
     for m in entries:
         if str(m.get("type", "")).endswith(".Pooling"):
-            cfg_file = root / m.get("path", "") / "config.json"
+            cfg_file = _module_dir(root, modules, m) / "config.json"
             if not cfg_file.is_file():
-                return None
-            cfg = json.loads(cfg_file.read_text())
+                raise ValueError(f"{modules}: module {m.get('name', '?')!r} is a Pooling module, but {cfg_file} is "
+                                 "missing (an incomplete download?)")
+            cfg = _read_json(cfg_file, "a sentence-transformers Pooling config (a JSON object)")
+            if not isinstance(cfg, dict):
+                raise ValueError(f"{cfg_file}: the top level is {type(cfg).__name__}; expected a sentence-transformers "
+                                 "Pooling config (a JSON object)")
             modes = [k for k in _ST_MODES if cfg.get(k)]
             if len(modes) != 1 or _ST_MODES[modes[0]] is None:
-                raise ValueError(
+                raise UnsupportedPoolingMode(
                     f"{cfg_file}: sentence-transformers pooling {modes or 'none'} is not implemented; "
                     f"pass PoolingParams(pooling_type=...) with one of {POOLING_TYPES}"
                 )
@@ -108,7 +147,7 @@ class PoolingModelState(ModelState):
                 sentence_transformers_pooling(config.model) or getattr(model, "default_pooling_type", None)
             )
             self._default_error = ""
-        except ValueError as e:  # only requests that rely on the default fail
+        except UnsupportedPoolingMode as e:  # only requests that rely on the default fail
             self.default_pooling_type, self._default_error = None, str(e)
         if self.default_pooling_type not in (None, *POOLING_TYPES):
             raise ValueError(f"{type(model).__name__}.default_pooling_type={self.default_pooling_type!r} "

@@ -52,6 +52,16 @@ def llm(tiny_ckpt):
     ({"frequency_penalty": float("nan")}, r"frequency_penalty=nan is invalid"),
     ({"presence_penalty": float("-inf")}, r"presence_penalty=-inf is invalid"),
     ({"logit_bias": {3: float("nan")}}, r"logit_bias=.* is invalid: bias nan of token 3"),
+    # logit_bias keys are token ids: ints, or strings of decimal digits (JSON object keys)
+    ({"logit_bias": {1.7: 1.0}}, r"logit_bias=\{1.7: 1.0\} is invalid: token id 1.7 is not an integer: expected int "
+                                 r"keys, or strings of decimal digits"),
+    ({"logit_bias": {2.0: 1.0}}, r"token id 2.0 is not an integer"),
+    ({"logit_bias": {True: 1.0}}, r"token id True is not an integer"),
+    ({"logit_bias": {" 7 ": 1.0}}, r"token id ' 7 ' is not an integer"),
+    ({"logit_bias": {"1_0": 1.0}}, r"token id '1_0' is not an integer"),
+    ({"logit_bias": {"-1": 1.0}}, r"token id '-1' is not an integer"),
+    ({"logit_bias": {"\u0663": 1.0}}, r"token id '\u0663' is not an integer"),  # an Arabic-Indic digit
+    ({"logit_bias": {"7": 1.0, 7: 2.0}}, r"token id 7 is given twice"),
 ])
 def test_invalid_sampling_params_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -69,10 +79,51 @@ def test_invalid_sampling_params_name_the_field(kwargs, match):
     ({"num_kv_blocks": 0}, r"num_kv_blocks=0 is invalid"),
     ({"max_cudagraph_capture_size": 0}, r"max_cudagraph_capture_size=0 is invalid: expected an integer >= 1"),
     ({"max_cudagraph_capture_size": 1.5}, r"max_cudagraph_capture_size=1.5 is invalid"),
+    # every field against its annotation; bool is a subclass of int, and is refused for int fields
+    ({"seed": "abc"}, r"seed='abc' is invalid: expected int, got str"),
+    ({"num_kv_blocks": True}, r"num_kv_blocks=True is invalid: expected int or None, got bool"),
+    ({"strict": "no"}, r"strict='no' is invalid: expected bool, got str"),
+    ({"max_logprobs": True}, r"max_logprobs=True is invalid: expected int, got bool"),
+    ({"max_model_len": 2048.0}, r"max_model_len=2048.0 is invalid: expected int, got float"),
+    ({"enforce_eager": 1}, r"enforce_eager=1 is invalid: expected bool, got int"),
+    ({"gpu_memory_utilization": "0.5"}, r"gpu_memory_utilization='0.5' is invalid: expected float or None, got str"),
+    ({"device": "cudafoo"}, r"device='cudafoo' is invalid: expected 'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ({"device": "cuda:-1"}, r"device='cuda:-1' is invalid"),
+    ({"device": None}, r"device=None is invalid: expected str, got NoneType"),
 ])
 def test_invalid_engine_options_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         EngineConfig(model="x", **kwargs)
+
+
+def test_engine_config_fields_take_their_annotated_types():
+    from pathlib import Path
+
+    cfg = EngineConfig(model=Path("/ckpt"), tokenizer=Path("/tok"), device="cpu", gpu_memory_utilization=1,
+                       seed=3)
+    assert (cfg.model, cfg.tokenizer, cfg.gpu_memory_utilization) == ("/ckpt", "/tok", 1)  # paths kept as str
+
+
+def test_a_cuda_device_this_process_cannot_use_is_refused_by_name(tiny_ckpt, capsys):
+    from core_runner.cli import main
+
+    # on a machine without a GPU any CUDA name is refused; with one, an index past the last
+    name = f"cuda:{torch.cuda.device_count()}" if torch.cuda.is_available() else "cuda"
+    gpu = torch.cuda.is_available()
+    why = r"CUDA device\(s\) visible" if gpu else r"(built without CUDA|no CUDA device is visible)"
+    with pytest.raises(ValueError, match=rf"device='{name}' cannot be used: .*{why}"):
+        LLM(tiny_ckpt, dtype="float32", device=name, max_model_len=32, num_kv_blocks=32)
+    for device in (name, "cudafoo"):
+        rc = main(["generate", "--model", tiny_ckpt, "--device", device, "--max-model-len", "16", "hello"])
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith(f"core-runner: error: device='{device}'") and err.count("\n") == 1, err
+
+
+def test_logit_bias_keys_read_as_token_ids():
+    import numpy as np
+
+    for key in (7, "7", np.int64(7)):
+        assert SamplingParams(logit_bias={key: 1.5}).logit_bias == {7: 1.5}
 
 
 def test_block_sizes_up_to_the_limit_are_accepted():
@@ -104,8 +155,41 @@ def test_prompt_too_long_and_empty_prompt(llm):
 
 
 def test_prompt_of_max_model_len_minus_one_generates_one_token(llm):
-    out = llm.generate([[7] * 31], SamplingParams(max_tokens=5, temperature=0.0))[0]
+    out = llm.generate([[7] * 31], SamplingParams(max_tokens=1, temperature=0.0))[0]
     assert len(out.token_ids) == 1 and out.finish_reason == "length"
+    # the default max_tokens (16) is cut to what the context leaves; None means all of it
+    for params in (SamplingParams(temperature=0.0), SamplingParams(max_tokens=None, temperature=0.0)):
+        out = llm.generate([[7] * 31], params)[0]
+        assert len(out.token_ids) == 1 and out.finish_reason == "length"
+
+
+@pytest.mark.parametrize("max_tokens", [23, 10**12, 2**70])
+def test_max_tokens_beyond_the_context_is_refused_naming_both_numbers(llm, max_tokens):
+    with pytest.raises(ValueError, match=rf"prompt 1: SamplingParams.max_tokens={max_tokens} is too large: the prompt "
+                                         r"has 10 tokens and max_model_len is 32, which leaves at most 22 "
+                                         rf"\({max_tokens} > 32 - 10\)"):
+        llm.generate([[5] * 4, [5] * 10], [SamplingParams(max_tokens=2), SamplingParams(max_tokens=max_tokens)])
+    with pytest.raises(ValueError, match=rf"max_tokens={max_tokens} is too large"):
+        llm.engine.add_request([5] * 10, SamplingParams(max_tokens=max_tokens))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_max_tokens_up_to_the_context_runs_and_defaults_stay_defaults(llm):
+    import dataclasses
+
+    from core_runner.engine.defaults import GenerationDefaults
+    from core_runner.sampling_params import AtMost
+
+    out = llm.generate([[5] * 10], SamplingParams(max_tokens=22, ignore_eos=True))[0]
+    assert len(out.token_ids) == 22 and out.finish_reason == "length"
+    default = SamplingParams(temperature=0.0)
+    assert default.max_tokens == 16 and repr(default.max_tokens) == "16"
+    assert isinstance(dataclasses.replace(default, top_k=3).max_tokens, AtMost)  # still a default
+    assert not isinstance(dataclasses.replace(default, max_tokens=16).max_tokens, AtMost)  # asked for
+    checkpoint = GenerationDefaults(sampling={"max_tokens": 4096}).sampling_params()  # generation_config.json's
+    assert checkpoint.max_tokens == 4096 and isinstance(checkpoint.max_tokens, AtMost)
+    out = llm.generate([[5] * 10], dataclasses.replace(checkpoint, ignore_eos=True))[0]
+    assert len(out.token_ids) == 22 and out.finish_reason == "length"
 
 
 def test_bad_request_does_not_harm_the_batch(llm):

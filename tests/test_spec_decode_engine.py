@@ -195,11 +195,13 @@ def test_stop_token_inside_accepted_proposals(untied, setting, tmp_path):
 def test_max_model_len_reached_while_speculating(untied, setting):
     prompts, want, _ = setting
     # room for 3 tokens: the prefill's, then one step that may verify one proposal only
-    for i, max_tokens in ((0, 100), (1, None)):  # None: until max_model_len
+    # (an explicit max_tokens above the room is refused; the default 16 is cut to it)
+    for i, max_tokens in ((0, "default"), (1, None)):  # None: until max_model_len
         prompt, rid = prompts[i], f"l{i}"
         engine = make_engine(untied, max_model_len=len(prompt) + 3, speculative_config=ngram(K))
         steps = engine.debug.record_steps()
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+        params = SamplingParams(temperature=0.0) if max_tokens == "default" else \
+            SamplingParams(max_tokens=max_tokens, temperature=0.0)
         got = outputs(engine, [prompt], params, rid)["0"]
         assert list(got.outputs[0].token_ids) == want[str(i)][:3]
         assert got.outputs[0].finish_reason == "length"

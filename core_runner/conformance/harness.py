@@ -54,17 +54,21 @@ def supports_logprobs() -> bool:
 
 
 def greedy(n: int) -> Any:
+    """At most n greedy tokens (``AtMost``: fewer where max_model_len leaves fewer after the prompt)."""
     from core_runner import SamplingParams
+    from core_runner.sampling_params import AtMost
 
-    return SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
+    return SamplingParams(max_tokens=AtMost(n), temperature=0.0, ignore_eos=True)
 
 
 def sampled(n: int, seed: int | None = 1234, temperature: float = 0.8, top_p: float = 0.9, top_k: int = -1,
             logprobs: int | None = None) -> Any:
-    """A fresh SamplingParams each call (a state must not be able to leak edits between runs)."""
+    """A fresh SamplingParams each call (a state must not be able to leak edits between runs); at most
+    n tokens, as ``greedy``."""
     from core_runner import SamplingParams
+    from core_runner.sampling_params import AtMost
 
-    kw: dict[str, Any] = dict(max_tokens=n, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+    kw: dict[str, Any] = dict(max_tokens=AtMost(n), temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                               ignore_eos=True)
     if logprobs is not None and supports_logprobs():
         kw["logprobs"] = logprobs

@@ -15,7 +15,7 @@ import torch
 
 from core_runner.config import EngineConfig
 from core_runner.loader import eos_ids, read_json
-from core_runner.sampling_params import SamplingParams
+from core_runner.sampling_params import AtMost, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,26 @@ def resolve_dtype(name: str, hf_config: Any, device: str) -> torch.dtype:
     return chosen
 
 
+def check_device(device: str) -> None:
+    """Refuse a CUDA device this process cannot use, by name, before anything is built
+    (torch would raise an AssertionError from its lazy CUDA init, or a RuntimeError from the
+    first allocation). ``EngineConfig`` accepts any well-formed name so that plans can be
+    computed on a machine without a GPU; an engine needs the device itself."""
+    if not device.startswith("cuda"):
+        return
+    if not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            why = f"this torch ({torch.__version__}) is built without CUDA"
+        else:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            why = "no CUDA device is visible" + (f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else "")
+        raise ValueError(f"device={device!r} cannot be used: {why}; use device='cpu' (or 'auto')")
+    index, count = torch.device(device).index, torch.cuda.device_count()
+    if index is not None and index >= count:
+        raise ValueError(f"device={device!r} cannot be used: {count} CUDA device(s) visible, expected "
+                         f"'cuda' or 'cuda:N' with N in 0..{count - 1}")
+
+
 @dataclass(frozen=True)
 class GenerationDefaults:
     """What a checkpoint's generation_config.json says: its EOS ids (also read in
@@ -56,8 +76,12 @@ class GenerationDefaults:
     sampling: dict[str, Any] = field(default_factory=dict)
 
     def sampling_params(self) -> SamplingParams:
-        """A fresh SamplingParams: vLLM's defaults overridden by the checkpoint's."""
-        return SamplingParams(**self.sampling)
+        """A fresh SamplingParams: vLLM's defaults overridden by the checkpoint's (its
+        max_new_tokens stays a default: the engine cuts it to what the context leaves)."""
+        sampling = dict(self.sampling)
+        if sampling.get("max_tokens") is not None:
+            sampling["max_tokens"] = AtMost(sampling["max_tokens"])
+        return SamplingParams(**sampling)
 
 
 def load_generation_defaults(path: str | Path, hf_config: Any, mode: str = "auto") -> GenerationDefaults:

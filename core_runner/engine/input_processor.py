@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 from core_runner.config import EngineConfig
 from core_runner.engine.request import Request
 from core_runner.pooling_params import PoolingParams
-from core_runner.sampling_params import SamplingParams
+from core_runner.sampling_params import AtMost, SamplingParams
 
 # vLLM's prompt forms: text, token ids, TextPrompt and TokensPrompt
 Prompt = str | Sequence[int] | Mapping[str, Any]
@@ -115,8 +115,7 @@ class InputProcessor:
             self.validate_params(params)
             ids = self.tokenize(prompt)
             self.validate_prompt(ids)
-            if params.max_tokens is None:  # vLLM: until max_model_len
-                params = dataclasses.replace(params, max_tokens=self.config.max_model_len - len(ids))
+            params = self.fit_max_tokens(params, len(ids))
         seed = params.seed if params is not None and params.seed is not None else self._seed_rng.getrandbits(63)
         return Request(
             req_id=req_id if req_id is not None else self.next_request_id(), prompt_token_ids=ids,
@@ -154,6 +153,21 @@ class InputProcessor:
                 f"prompt has {len(ids)} tokens but max_model_len={self.config.max_model_len} allows at most "
                 f"{limit} (one position is needed for the first generated token)"
             )
+
+    def fit_max_tokens(self, params: SamplingParams, num_prompt: int) -> SamplingParams:
+        """``max_tokens`` against what ``max_model_len`` leaves after the prompt: None means all
+        of it (vLLM), an ``AtMost`` (the defaults are) is cut to it, a plain int above
+        it is refused, with both numbers, as vLLM's server refuses it."""
+        room = self.config.max_model_len - num_prompt
+        v = params.max_tokens
+        if v is None or (isinstance(v, AtMost) and v > room):
+            return dataclasses.replace(params, max_tokens=room)
+        if v > room:
+            raise ValueError(
+                f"SamplingParams.max_tokens={v} is too large: the prompt has {num_prompt} tokens and max_model_len is "
+                f"{self.config.max_model_len}, which leaves at most {room} ({v} > {self.config.max_model_len} - "
+                f"{num_prompt}); lower max_tokens, or pass None to generate until max_model_len")
+        return params
 
     def validate_params(self, params: SamplingParams) -> None:
         """The checks SamplingParams cannot make alone: they need this engine."""

@@ -14,6 +14,7 @@ from core_runner.distributed import use_tp_group
 from core_runner.engine.debug import EngineDebug
 from core_runner.engine.defaults import (
     MemoryProbe,
+    check_device,
     choose_cpu_threads,
     kv_cache_budget,
     load_generation_defaults,
@@ -32,6 +33,8 @@ from core_runner.executor.multiproc import MultiprocRunner
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
 from core_runner.loader import (
     architecture_of,
+    check_footprint,
+    estimate_footprint,
     load_hf_config,
     load_tokenizer,
     resolve_model,
@@ -81,6 +84,7 @@ class LLMEngine:
         memory_probe: MemoryProbe | None = None,
     ) -> None:
         self.config = config
+        check_device(config.device)
         # before any weight is read: loading runs on the same threads
         self.cpu_threads = choose_cpu_threads(config.device, config.tensor_parallel_size // config.nnodes)
         self.plugins = plugins or load_plugins(strict=config.strict)
@@ -98,6 +102,11 @@ class LLMEngine:
                 f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings={max_pos}"
             )
         self.dtype = resolve_dtype(config.dtype, self.hf_config, config.device)
+        # before anything is allocated: weights that cannot fit are refused by their sizes
+        share = config.tensor_parallel_size if config.device.startswith("cuda") else config.nnodes
+        check_footprint(estimate_footprint(self.registration.load_model_class(), self.hf_config, self.dtype),
+                        self.hf_config, self.dtype, config.device, available_memory(torch.device(config.device))[0],
+                        share)
         draft = resolve_draft(config, self.plugins.registry, self.architecture, str(self.model_path), self.hf_config)
         spec = RankSpec(config, self.registration, self.plan, self.hf_config, str(self.model_path), self.dtype,
                         self.architecture, draft)

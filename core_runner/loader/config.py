@@ -3,9 +3,11 @@ generation_config.json (EOS ids) and the tokenizer."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Callable
 
+from core_runner.loader.config_checks import check_config_values
 from core_runner.loader.files import CheckpointError, read_json
 
 logger = logging.getLogger(__name__)
@@ -52,14 +54,28 @@ def load_hf_config(path: str | Path, served: Callable[[str], object] | None = No
                 f"(trust_remote_code is off); no plugin implements {archs[0]!r}: register a plugin for it instead"
             )
         logger.info("%s: ignoring auto_map (checkpoint code is never run); a plugin implements %s", cfg_file, archs[0])
-    from transformers import AutoConfig, PretrainedConfig
+    check_config_values(raw, str(cfg_file))  # before transformers reads (or chokes on) the values
+    from transformers import CONFIG_MAPPING, AutoConfig, PretrainedConfig
 
     try:
         return AutoConfig.from_pretrained(str(path), trust_remote_code=False)
     except (ValueError, KeyError) as e:
+        if raw.get("model_type") in CONFIG_MAPPING:  # transformers knows the class and refused the values
+            raise _refused(cfg_file, raw, e) from e
         # an unknown model_type (or one whose class is only in the checkpoint's code)
         logger.debug("AutoConfig could not read %s (%s): using a plain PretrainedConfig", cfg_file, e)
         return PretrainedConfig(**raw)
+    except Exception as e:  # noqa: BLE001 - transformers' config validators raise their own types
+        raise _refused(cfg_file, raw, e) from e
+
+
+def _refused(cfg_file: Path, raw: dict[str, Any], err: BaseException) -> CheckpointError:
+    """transformers' refusal of a config as one line naming the file, with the fields its
+    message quotes that the file leaves out (transformers then used its defaults)."""
+    text = " ".join(str(err).split())
+    missing = [n for n in dict.fromkeys(re.findall(r"`(\w+)`", text)) if n not in raw]
+    note = "".join(f"{n} is missing from the file (transformers used its default); " for n in missing)
+    return CheckpointError(f"{cfg_file}: {note}transformers refused the config: {type(err).__name__}: {text}")
 
 
 def architecture_of(hf_config: Any) -> str:
