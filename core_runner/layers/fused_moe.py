@@ -74,7 +74,7 @@ STACKED_EXPERT_NAMES = {"gate_up_proj": "w13.weight", "gate_up_proj_bias": "w13.
                         "down_proj_bias": "w2.bias"}
 
 
-def check_activation(activation: str, swiglu_alpha: float, swiglu_limit: float) -> None:
+def _check_activation(activation: str, swiglu_alpha: float, swiglu_limit: float) -> None:
     """ValueError naming the option when the activation is unknown or its constants are not numbers."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation={activation!r} is not supported by FusedMoE: expected one of {ACTIVATIONS}")
@@ -101,7 +101,7 @@ def fused_moe_ref(
     [0, E) (an expert-parallel layer marks other ranks' experts -1) contribute nothing.
     ``w13_bias`` [E, 2I] is added to gate/up, ``w2_bias`` [E, H] to each expert's output
     before its router weight scales it."""
-    check_activation(activation, swiglu_alpha, swiglu_limit)
+    _check_activation(activation, swiglu_alpha, swiglu_limit)
     num_tokens, hidden_size = hidden.shape
     out = torch.zeros((num_tokens, hidden_size), dtype=torch.float32, device=hidden.device)
     ids = topk_ids.long()
@@ -251,7 +251,7 @@ class FusedMoE(nn.Module):
         super().__init__()
         if impl not in ("auto", "torch", "triton"):
             raise ValueError(f"impl={impl!r} is invalid: expected 'auto', 'torch' or 'triton'")
-        check_activation(activation, swiglu_alpha, swiglu_limit)
+        _check_activation(activation, swiglu_alpha, swiglu_limit)
         if checkpoint_layout not in CHECKPOINT_LAYOUTS:
             raise ValueError(f"checkpoint_layout={checkpoint_layout!r} is invalid: expected one of "
                              f"{CHECKPOINT_LAYOUTS}")
