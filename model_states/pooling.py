@@ -32,6 +32,7 @@ the checkpoint's sentence-transformers ``Pooling`` config when there is one
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -165,13 +166,16 @@ class PoolingModelState(ModelState):
     def resolve_pooling_params(self, params: PoolingParams | None) -> PoolingParams:
         """Fill in the model's default pooling type; raises ValueError if there is none."""
         params = params if params is not None else PoolingParams()
+        if params.use_activation is not None or params.activation is not None:
+            raise ValueError(f"PoolingParams.use_activation / activation apply to classify and score, not to "
+                             f"task {params.task or 'embed'!r} (embeddings take normalize)")
         if params.pooling_type is not None:
             return params
         if self.default_pooling_type is None:
             raise ValueError(self._default_error or (
                 f"{type(self.model).__name__} has no default pooling type: pass "
                 f"PoolingParams(pooling_type=...) with one of {POOLING_TYPES}"))
-        return PoolingParams(self.default_pooling_type, params.normalize, params.truncate_prompt_tokens)
+        return dataclasses.replace(params, pooling_type=self.default_pooling_type)
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         dtype = next(self.model.parameters()).dtype

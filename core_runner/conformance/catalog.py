@@ -110,6 +110,12 @@ CHECKS: tuple[Check, ...] = (
        "and 7 tokens that put chunk ends inside every prompt, types mixed in the batch; and in rows freed by "
        "longer earlier requests (chunked where supported); every request finishes normally with one vector of the "
        "hidden size.", task="embed"),
+    _c("CR-EQ-15", "example", "checks_classify:probabilities_match_reference",
+       "Classifier probabilities (sigmoid for num_labels 1 or multi-label, else softmax) equal the reference "
+       "sequence classifier's within 1e-5 and raw logits (use_activation=False) within 1e-4 (float32), over "
+       "prompts of mixed lengths in one batch mixing both, under chunked prefill at budgets of 5 and 7 tokens "
+       "(where supported) and in rows freed by longer requests; every request finishes normally with num_labels "
+       "values, in prompt order.", task="classify"),
     _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
        "Field sensitivity: every field of the reference config (numbers, bools, strings with the values the "
        "reference's source compares them with, lists of layer kinds or indices, nested RoPE parameters and kinds, "

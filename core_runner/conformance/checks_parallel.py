@@ -87,7 +87,9 @@ def _compare_generate(ctx: Ctx, ref: Any, name: str) -> str:
 
 
 def _compare_embed(ctx: Ctx, ref: Any, name: str) -> str:
+    """Embeddings, or a classifier's raw logits, at tensor_parallel_size TP and 1."""
     prompts = ref.prompts(LENGTHS, seed=43)
+    what = "class logits" if "classify" in ctx.registration.tasks else "embeddings"
     got = []
     for tp in (1, TP):
         old, ctx.reference = ctx.reference, ref
@@ -96,13 +98,19 @@ def _compare_embed(ctx: Ctx, ref: Any, name: str) -> str:
         finally:
             ctx.reference = old
         try:
-            got.append(torch.stack([o.outputs.data.float() for o in llm.embed(prompts, use_tqdm=False)]))
+            if "classify" in ctx.registration.tasks:  # raw logits: saturated probabilities would hide a difference
+                from core_runner import PoolingParams
+
+                outs = llm.classify(prompts, PoolingParams(use_activation=False), use_tqdm=False)
+            else:
+                outs = llm.embed(prompts, use_tqdm=False)
+            got.append(torch.stack([o.outputs.data.float() for o in outs]))
         finally:
             llm.engine.shutdown()
     err = float((got[0] - got[1]).abs().max())
     if err > ATOL:
-        fail(f"{name}: embeddings differ by {err:.3g} > {ATOL} between tensor_parallel_size={TP} and 1")
-    return f"{name}: {len(prompts)} embeddings, max |diff| {err:.2e}"
+        fail(f"{name}: {what} differ by {err:.3g} > {ATOL} between tensor_parallel_size={TP} and 1")
+    return f"{name}: {len(prompts)} {what}, max |diff| {err:.2e}"
 
 
 def tensor_parallel_equals_one_rank(ctx: Ctx) -> None:

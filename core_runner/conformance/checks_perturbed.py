@@ -116,9 +116,44 @@ def _embeds(ctx: Ctx) -> bool:
     return "generate" not in ctx.registration.tasks
 
 
-def _reference_output(ref: Any, probe: list[int], embeds: bool) -> Any:
-    """What a variant must change to be read: logits, or for an embedding model the final hidden states."""
+def _classifies(ctx: Ctx) -> bool:
+    return "classify" in ctx.registration.tasks
+
+
+def _reference_output(ref: Any, probe: list[int], embeds: bool, classifies: bool = False) -> Any:
+    """What a variant must change to be read: logits, for an embedding model the final
+    hidden states, for a classifier its class logits."""
+    if classifies:
+        return ref.class_logits(probe)
     return ref.hidden(probe) if embeds else ref.logits(probe)
+
+
+def _classify_check(ctx: Ctx, vctx: Ctx, v: Variant, probe: list[int]) -> tuple[str, str]:
+    """A classifier's variant: raw logits of a batch under chunked prefill equal the
+    variant reference's."""
+    from core_runner import PoolingParams
+    from core_runner.conformance.checks_classify import LOGIT_ATOL
+
+    llm, refused = _variant_llm(ctx, vctx, v)
+    if llm is None:
+        return refused
+    prompts = [probe] + vctx.ref.prompts(PERTURB_LENGTHS, seed=17)
+    outs = llm.classify(prompts, PoolingParams(use_activation=False), use_tqdm=False)
+    worst, ignored = 0.0, True
+    for p, o in zip(prompts, outs):
+        got, want = o.outputs.data.float(), vctx.ref.class_logits(p)
+        worst = max(worst, float((got - want).abs().max()) if got.shape == want.shape else float("inf"))
+        if max(p) >= ctx.ref.vocab:
+            ignored = False
+        if ignored:
+            before = ctx.ref.class_logits(p)
+            ignored = got.shape == before.shape and float((got - before).abs().max()) <= LOGIT_ATOL
+    if worst > LOGIT_ATOL:
+        if ignored:
+            return "failed", (f"{v.label}: the reference's logits change, the plugin's do not: implement it "
+                              "or refuse it by name")
+        return "failed", f"class logits differ from the reference by {worst:.3g} > {LOGIT_ATOL:g}"
+    return "passed", f"{len(prompts)} prompts' class logits"
 
 
 def _embed_check(ctx: Ctx, vctx: Ctx, v: Variant, probe: list[int]) -> tuple[str, str]:
@@ -169,7 +204,7 @@ def _try_field(ctx: Ctx, fc: FieldCandidates, probe: list[int], base_logits: Any
         v = variant(ctx.registration, ctx.example, updates)
         try:
             vctx = _variant_ctx(ctx, v.example)
-            moved = _reference_output(vctx.ref, probe, _embeds(ctx))
+            moved = _reference_output(vctx.ref, probe, _embeds(ctx), _classifies(ctx))
         except Exception as err:  # noqa: BLE001 - the reference's validation (or its forward) rejects the value
             tried.append(f"{v.label} rejected by the reference ({type(err).__name__}: {str(err)[:120]})")
             continue
@@ -178,7 +213,8 @@ def _try_field(ctx: Ctx, fc: FieldCandidates, probe: list[int], base_logits: Any
             tried.append(f"{v.label} does not change the reference")
             continue
         try:
-            outcome, detail = (_embed_check if _embeds(ctx) else _engine_check)(ctx, vctx, v, probe)
+            check = _classify_check if _classifies(ctx) else _embed_check if _embeds(ctx) else _engine_check
+            outcome, detail = check(ctx, vctx, v, probe)
         finally:
             vctx.ref.remove()
         return {"field": fc.field, "value": v.value, "label": v.label, "outcome": outcome, "detail": detail}
@@ -189,7 +225,7 @@ def _try_field(ctx: Ctx, fc: FieldCandidates, probe: list[int], base_logits: Any
 def perturbed_config_fields(ctx: Ctx) -> None:
     _checkpoint_run(ctx)
     probe = ctx.ref.prompts([min(PROBE_LEN, ctx.max_model_len(PROBE_LEN) - PERTURB_NEW)], seed=19)[0]
-    base_logits = _reference_output(ctx.ref, probe, _embeds(ctx))
+    base_logits = _reference_output(ctx.ref, probe, _embeds(ctx), _classifies(ctx))
     fields = field_candidates(ctx.registration, ctx.example)
     results, dormant = [], []
     for fc in fields:

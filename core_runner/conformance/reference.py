@@ -190,6 +190,13 @@ class Reference:
         with torch.no_grad():
             return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state[0].float()
 
+    def class_logits(self, seq: list[int]) -> torch.Tensor:
+        """[num_labels]: a sequence classifier's logits for the prompt (batch 1, no padding)."""
+        key = ("class", *seq)
+        if key not in self._logits:
+            self._logits[key] = self._forward(list(seq))
+        return self._logits[key]
+
     def logits(self, seq: list[int]) -> torch.Tensor:
         """[len(seq), vocab]: row i predicts token i + 1."""
         key = tuple(seq)

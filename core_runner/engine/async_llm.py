@@ -164,8 +164,9 @@ class AsyncLLM:
                 raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot generate text")
             params = sampling_params if sampling_params is not None else self.engine.default_sampling_params()
         else:
-            if "embed" not in self.engine.tasks:
-                raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot embed")
+            task = pooling_params.task or "embed"
+            if task not in self.engine.tasks:
+                raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot {task}")
             params = None
         if request_id is None:
             self._ids += 1

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from core_runner.config import EngineConfig
 from core_runner.engine.request import Request
-from core_runner.pooling_params import PoolingParams
+from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 from core_runner.sampling_params import AtMost, SamplingParams
 
 # vLLM's prompt forms: text, token ids, TextPrompt and TokensPrompt
@@ -201,11 +201,15 @@ class InputProcessor:
         """The request's PoolingParams with the model's default pooling type filled in."""
         if not isinstance(pooling_params, PoolingParams):
             raise TypeError(f"pooling_params must be PoolingParams, got {type(pooling_params).__name__}")
-        if "embed" not in self.tasks:
+        pooling_tasks = [t for t in self.tasks if t in POOLING_TASKS]
+        task = pooling_params.task or (pooling_tasks[0] if pooling_tasks else "embed")
+        if task not in pooling_tasks:
             raise ValueError(
-                f"{self.architecture} supports tasks {self.tasks}, not 'embed': pooling requests need an "
-                "embedding model (one model per engine; start a second engine for embeddings)"
+                f"{self.architecture} supports tasks {self.tasks}, not {task!r}: this pooling request needs a "
+                f"model serving {task!r} (one model per engine; start a second engine for it)"
             )
+        if pooling_params.task != task:
+            pooling_params = dataclasses.replace(pooling_params, task=task)
         return self.resolve_pooling(pooling_params) if self.resolve_pooling is not None else pooling_params
 
     def pooling_prompt_limit(self) -> int:
@@ -218,7 +222,7 @@ class InputProcessor:
     def pooling_prompt(self, prompt: Prompt, pp: PoolingParams) -> list[int]:
         """Token ids of a pooling prompt, truncated (text) and validated."""
         if isinstance(prompt, Mapping):
-            prompt = self._unwrap(prompt)
+            prompt = parse_prompt(prompt)  # a dict prompt: its text or ids
         limit = self.pooling_prompt_limit()
         k = pp.truncate_prompt_tokens
         k = limit if k == -1 else k

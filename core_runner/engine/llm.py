@@ -14,7 +14,12 @@ from core_runner.config import EngineConfig
 from core_runner.engine.defaults import MemoryProbe
 from core_runner.engine.input_processor import PROMPT_FORMS, Prompt
 from core_runner.engine.llm_engine import LLMEngine
-from core_runner.engine.outputs import EmbeddingRequestOutput, RequestOutput
+from core_runner.engine.outputs import (
+    ClassificationRequestOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringRequestOutput,
+)
 from core_runner.engine.request import Request
 from core_runner.plugins import PluginManager
 from core_runner.pooling_params import PoolingParams
@@ -144,14 +149,86 @@ class LLM:
         truncated, if asked) before any runs; a bad one raises ValueError naming its index."""
         self._require_task("embed", "embed")
         prompts = _prompt_list(prompts)
-        if pooling_params is None or isinstance(pooling_params, PoolingParams):
-            params = [pooling_params or PoolingParams()] * len(prompts)
-        else:
-            params = list(pooling_params)
-            if len(params) != len(prompts):
-                raise ValueError(
-                    f"got {len(params)} PoolingParams for {len(prompts)} prompts: pass one, or one per prompt"
-                )
+        return self._pool(prompts, _per_prompt(pooling_params, len(prompts)), "embed", use_tqdm)
+
+    def classify(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[ClassificationRequestOutput]:
+        """Class probabilities per prompt, in prompt order (vLLM's ``LLM.classify``):
+        ``outs[i].outputs.probs`` one float per label, softmax over the labels, or sigmoid
+        per label when the checkpoint has ``num_labels == 1`` or ``problem_type ==
+        "multi_label_classification"``; raw logits with ``PoolingParams(use_activation=
+        False)``. ``outputs.id2label`` is the config's label names, ``outputs.label`` the
+        most likely one's."""
+        self._require_task("classify", "classify")
+        prompts = _prompt_list(prompts)
+        outs = self._pool(prompts, _per_prompt(pooling_params, len(prompts)), "classify", use_tqdm)
+        labels = getattr(self.engine.hf_config, "id2label", None) or {}
+        id2label = {int(k): str(v) for k, v in dict(labels).items()}
+        for o in outs:
+            if o.outputs is not None:
+                o.outputs.id2label = id2label
+        return outs
+
+    def score(
+        self,
+        data_1: str | Sequence[str],
+        data_2: str | Sequence[str],
+        /,
+        *,
+        truncate_prompt_tokens: int | None = None,
+        use_tqdm: bool = True,
+        pooling_params: PoolingParams | None = None,
+    ) -> list[ScoringRequestOutput]:
+        """Relevance of text pairs (vLLM's ``LLM.score``): one text_1 against every text_2,
+        or pairwise for equal lengths; ``outs[i].outputs.score`` a float. A cross-encoder
+        (a classifier of one label) reads each pair through the tokenizer's pair template
+        with its token types and scores it by its activated logit (sigmoid; raw with
+        ``use_activation=False``); an embedding model scores the cosine of the two texts'
+        embeddings."""
+        from core_runner.engine import score as sc
+
+        pairs = sc.pair_up(data_1, data_2)
+        base = pooling_params or PoolingParams()
+        if truncate_prompt_tokens is not None:
+            base = dataclasses.replace(base, truncate_prompt_tokens=truncate_prompt_tokens)
+        if "score" in self.engine.tasks:
+            labels = int(getattr(self.engine.hf_config, "num_labels", 1) or 1)
+            if labels != 1:
+                raise ValueError(f"LLM.score() on {self.engine.architecture} needs a cross-encoder of one label, "
+                                 f"but num_labels={labels}: use LLM.classify() for its {labels} probabilities")
+            if self.tokenizer is None:
+                raise ValueError("LLM.score() on a cross-encoder needs the checkpoint's tokenizer for the pair "
+                                 "template, and this checkpoint has none")
+            limit = base.truncate_prompt_tokens
+            if limit == -1:
+                limit = self.engine.input_processor.pooling_prompt_limit()
+            prompts, params = [], []
+            for a, b in pairs:
+                ids, start = sc.encode_pair(self.tokenizer, a, b, limit)
+                prompts.append({"prompt_token_ids": ids})
+                params.append(dataclasses.replace(base, truncate_prompt_tokens=None, compressed_token_type_ids=start))
+            return sc.cross_encoder_scores(self._pool(prompts, params, "score", use_tqdm))
+        if "embed" in self.engine.tasks:
+            texts = list(dict.fromkeys(t for pair in pairs for t in pair))
+            outs = self._pool(texts, [base] * len(texts), "embed", use_tqdm)
+            return sc.cosine_scores(pairs, dict(zip(texts, outs)))
+        raise ValueError(f"LLM.score() needs a cross-encoder (task 'score') or an embedding model (task 'embed'), "
+                         f"but {self.engine.architecture} supports {self.engine.tasks}")
+
+    def _pool(self, prompts: list, params: list[PoolingParams], task: str, use_tqdm: bool) -> list[Any]:
+        """Run pooling requests of one task; vectors copied to the host in one copy."""
+        for i, p in enumerate(params):
+            if not isinstance(p, PoolingParams):
+                raise TypeError(f"pooling_params[{i}] must be PoolingParams, got {type(p).__name__}")
+            if p.task not in (None, task):
+                raise ValueError(f"PoolingParams.task={p.task!r} of prompt {i} is invalid in LLM.{task}(): "
+                                 f"expected None or {task!r}")
+        params = [dataclasses.replace(p, task=task) for p in params]
         with self.engine.lock:
             reqs = self._process(prompts,
                                  lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
@@ -188,8 +265,8 @@ class LLM:
 
     def _require_task(self, task: str, method: str) -> None:
         if task not in self.engine.tasks:
-            other = {"generate": "embed", "embed": "generate"}.get(task)
-            hint = f"; use LLM.{other}()" if other in self.engine.tasks else ""
+            methods = [f"LLM.{t}()" for t in self.engine.tasks if t in ("generate", "embed", "classify", "score")]
+            hint = f"; use {' or '.join(methods)}" if methods else ""
             raise ValueError(
                 f"LLM.{method}() needs a model with task {task!r}, but {self.engine.architecture} "
                 f"supports {self.engine.tasks}{hint}"
@@ -250,6 +327,16 @@ def _gather(outs: list[Any]) -> Any:
         finish_time=max((o.finish_time for o in outs if o.finish_time is not None), default=None),
     )
 
+
+
+def _per_prompt(pooling_params: Any, n: int) -> list[PoolingParams]:
+    """One PoolingParams (or None: the defaults) for every prompt, or one per prompt."""
+    if pooling_params is None or isinstance(pooling_params, PoolingParams):
+        return [pooling_params or PoolingParams()] * n
+    params = list(pooling_params)
+    if len(params) != n:
+        raise ValueError(f"got {len(params)} PoolingParams for {n} prompts: pass one, or one per prompt")
+    return params
 
 
 def _prompt_list(prompts: Any) -> list:

@@ -11,6 +11,8 @@ from typing import Any
 
 from core_runner.engine.detokenizer import IncrementalDetokenizer
 from core_runner.engine.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
     CompletionOutput,
     EmbeddingOutput,
     EmbeddingRequestOutput,
@@ -36,8 +38,11 @@ class OutputProcessor:
 
     def make_output(self, req: Request) -> RequestOutput | EmbeddingRequestOutput:
         if req.pooling_params is not None:
-            return EmbeddingRequestOutput(
-                request_id=req.req_id, outputs=None if req.pooled is None else EmbeddingOutput(req.pooled),
+            classify = getattr(req.pooling_params, "task", None) in ("classify", "score")
+            kind, made = (ClassificationRequestOutput, ClassificationOutput) if classify else \
+                (EmbeddingRequestOutput, EmbeddingOutput)
+            return kind(
+                request_id=req.req_id, outputs=None if req.pooled is None else made(req.pooled),
                 prompt_token_ids=req.prompt_token_ids, finished=req.is_finished, prompt=req.prompt,
                 finish_reason=req.finish_reason, num_preemptions=req.num_preemptions,
                 num_cached_tokens=req.num_cached_tokens,

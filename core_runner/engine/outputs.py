@@ -7,7 +7,8 @@ per position, as in vLLM, so a script written against vLLM reads them unchanged.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -118,13 +119,45 @@ class EmbeddingOutput:
 
 
 @dataclass(slots=True)
-class EmbeddingRequestOutput:
-    """An embedding request's result (vLLM's EmbeddingRequestOutput / PoolingRequestOutput).
-    ``finish_reason`` is "stop", or "abort" / "error" when no vector was made (``outputs``
-    is then None). ``req_id`` and ``num_preemptions`` are core-runner extras."""
+class ClassificationOutput:
+    """One prompt's class probabilities (vLLM's ClassificationOutput): ``probs`` a list of
+    floats, one per label (raw logits when ``use_activation=False``); ``data`` the same as
+    a float32 tensor; ``id2label`` the checkpoint config's label names (set by
+    ``LLM.classify``; empty when unknown), ``label`` the name of the most likely class."""
+
+    data: torch.Tensor
+    id2label: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def probs(self) -> list[float]:
+        return self.data.tolist()
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.data.shape[-1])
+
+    @property
+    def label(self) -> str | None:
+        return self.id2label.get(int(self.data.argmax())) if self.id2label else None
+
+
+@dataclass(slots=True)
+class ScoringOutput:
+    """One pair's relevance (vLLM's ScoringOutput): a cross-encoder's activated logit, or
+    the cosine similarity of two embeddings."""
+
+    score: float
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """A pooling request's result (vLLM's PoolingRequestOutput); the subclasses name what
+    ``outputs`` holds. ``finish_reason`` is "stop", or "abort" / "error" when nothing was
+    made (``outputs`` is then None). ``req_id`` and ``num_preemptions`` are core-runner
+    extras."""
 
     request_id: str
-    outputs: EmbeddingOutput | None
+    outputs: Any
     prompt_token_ids: list[int]
     finished: bool
     prompt: str | None = None
@@ -135,3 +168,20 @@ class EmbeddingRequestOutput:
     @property
     def req_id(self) -> str:
         return self.request_id
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    """An embedding request's result: ``outputs`` an EmbeddingOutput (vLLM's EmbeddingRequestOutput)."""
+
+
+@dataclass(slots=True)
+class ClassificationRequestOutput(PoolingRequestOutput):
+    """A classify request's result: ``outputs`` a ClassificationOutput (vLLM's name)."""
+
+
+@dataclass(slots=True)
+class ScoringRequestOutput(PoolingRequestOutput):
+    """One scored pair: ``outputs`` a ScoringOutput (vLLM's name); ``prompt_token_ids`` the
+    pair's tokens for a cross-encoder, the two texts' tokens one after the other for an
+    embedding model (as vLLM)."""

@@ -1,5 +1,6 @@
 """The OpenAI-compatible server: /v1/models, /v1/completions, /v1/chat/completions,
-/v1/embeddings, /health, /metrics.
+/v1/embeddings, /classify, /score + /v1/score, /rerank + /v1/rerank (pooling_routes.py),
+/health, /metrics.
 
 Every request is served by one AsyncLLM (one engine thread); handlers run on uvicorn's
 event loop (``handlers.py``). Any error is answered with OpenAI's error body on a
@@ -24,6 +25,7 @@ from core_runner.engine.llm_engine import LLMEngine
 from core_runner.entrypoints.openai.access import Gate
 from core_runner.entrypoints.openai.handlers import Handlers
 from core_runner.entrypoints.openai.metrics import PrometheusStats
+from core_runner.entrypoints.openai.pooling_routes import PoolingRoutes
 from core_runner.entrypoints.openai.protocol import APIError
 from core_runner.entrypoints.openai.streams import ClientGone
 
@@ -101,6 +103,12 @@ def create_app(
     app.post("/v1/completions")(_guarded(h.completions))
     app.post("/v1/chat/completions")(_guarded(h.chat))
     app.post("/v1/embeddings")(_guarded(h.embeddings))
+    pr = PoolingRoutes(h)
+    app.post("/classify")(_guarded(pr.classify))
+    for path in ("/score", "/v1/score"):
+        app.post(path)(_guarded(pr.score))
+    for path in ("/rerank", "/v1/rerank"):
+        app.post(path)(_guarded(pr.rerank))
     return app
 
 

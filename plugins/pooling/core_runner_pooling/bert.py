@@ -6,6 +6,9 @@ Parameter names follow transformers' ``BertModel`` (``embeddings.word_embeddings
 projection. The pooler (``pooler.dense``) is not used by mean / CLS / last pooling of the
 final hidden states and its weights are skipped; so are the ``bert.`` prefix of
 task-headed checkpoints and the ``embeddings.position_ids`` buffer.
+``BertForSequenceClassification`` (cross-encoders, classifiers) keeps the pooler:
+``classify(cls_state) = classifier(tanh(pooler.dense(cls_state)))`` (dropout is off at
+inference); it honours ``token_type_ids`` (a sentence pair's second segment is type 1).
 
 Tensor parallelism (vLLM's split): each rank keeps 1/tp of the attention heads
 (``QKVParallelLinear``) and of the intermediate dimension (``ColumnParallelLinear``); the
@@ -25,6 +28,7 @@ from core_runner.layers import (
     Attention,
     ColumnParallelLinear,
     QKVParallelLinear,
+    ReplicatedLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
     default_weight_loader,
@@ -175,3 +179,40 @@ class BertModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
         return self.encoder(self.embeddings(input_ids, positions, token_type_ids))
+
+
+class BertPooler(nn.Module):
+    """tanh(dense(x)) of the first token's state; whole on every rank (one [h, h] matrix)."""
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.dense = ReplicatedLinear(config.hidden_size, config.hidden_size, bias=True)
+
+    def forward(self, first: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(first))
+
+
+class BertForSequenceClassification(BertModel):
+    """The encoder plus transformers' head: CLS state -> pooler -> classifier [num_labels].
+    forward as BertModel's; ``classify(pooled [n, hidden]) -> logits [n, num_labels]``."""
+
+    default_pooling_type = "cls"
+    uses_token_type_ids = True
+    ignored_weight_patterns = (r"^embeddings\.position_ids$",)
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.config = config
+        self.num_labels = int(config.num_labels)
+        self.pooler = BertPooler(config)
+        # replicated: every rank holds the same full hidden states after the all-reduce
+        self.classifier = ReplicatedLinear(config.hidden_size, self.num_labels, bias=True)
+
+    @staticmethod
+    def map_weight_name(name: str) -> str | None:
+        if name.startswith("bert."):
+            return name[len("bert."):]
+        return None if name.startswith(("cls.", "qa_outputs.")) else name
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.pooler(pooled))

@@ -29,3 +29,51 @@ QWEN3_EMBEDDING_0_6B = {  # Qwen/Qwen3-Embedding-0.6B (served as Qwen3Model, las
     "tie_word_embeddings": True, "use_cache": True, "use_sliding_window": False,
     "vocab_size": 512,  # 151669
 }
+
+# Sequence classifiers (task classify / score). Written from memory without hub access:
+# recheck field values against the hub when one is reachable.
+MS_MARCO_MINILM_L6_V2 = {  # cross-encoder/ms-marco-MiniLM-L-6-v2: a reranker, one logit (sigmoid)
+    "architectures": ["BertForSequenceClassification"], "attention_probs_dropout_prob": 0.1,
+    "classifier_dropout": None, "gradient_checkpointing": False, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 48,  # 384
+    "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}, "initializer_range": 0.02,
+    "intermediate_size": 192,  # 1536
+    "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
+    "num_hidden_layers": 2,  # 6
+    "pad_token_id": 0, "position_embedding_type": "absolute", "type_vocab_size": 2, "use_cache": True,
+    "vocab_size": 512,  # 30522
+}
+
+TOXIC_BERT = {  # unitary/toxic-bert: six independent labels (multi-label: sigmoid per label)
+    "architectures": ["BertForSequenceClassification"], "attention_probs_dropout_prob": 0.1,
+    "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 48,  # 768 (12 heads of 4 instead of 64)
+    "id2label": {"0": "toxic", "1": "severe_toxic", "2": "obscene", "3": "threat", "4": "insult",
+                 "5": "identity_hate"},
+    "label2id": {"toxic": 0, "severe_toxic": 1, "obscene": 2, "threat": 3, "insult": 4, "identity_hate": 5},
+    "initializer_range": 0.02,
+    "intermediate_size": 192,  # 3072
+    "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
+    "num_hidden_layers": 2,  # 12
+    "pad_token_id": 0, "position_embedding_type": "absolute", "problem_type": "multi_label_classification",
+    "type_vocab_size": 2,
+    "vocab_size": 512,  # 30522
+}
+
+QWEN3_RERANKER_0_6B_SEQ_CLS = {  # tomaarsen/Qwen3-Reranker-0.6B-seq-cls (Qwen/Qwen3-Reranker-0.6B's
+    # "yes" - "no" logits folded into one score row): last-token classifier, one logit
+    "architectures": ["Qwen3ForSequenceClassification"], "attention_bias": False, "attention_dropout": 0.0,
+    "head_dim": 32,  # 128
+    "hidden_act": "silu",
+    "hidden_size": 64,  # 1024
+    "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
+    "intermediate_size": 192,  # 3072
+    "max_position_embeddings": 40960, "max_window_layers": 2,  # 28
+    "model_type": "qwen3",
+    "num_attention_heads": 4,  # 16
+    "num_hidden_layers": 2,  # 28
+    "num_key_value_heads": 2,  # 8
+    "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": None,
+    "tie_word_embeddings": True, "use_cache": False, "use_sliding_window": False,
+    "vocab_size": 512,  # 151669
+}

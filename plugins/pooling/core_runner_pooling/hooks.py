@@ -1,11 +1,18 @@
 """Entry point module: registers the embedding architectures. Imports no torch."""
 from core_runner.sdk import hookimpl
-from core_runner_pooling.examples import ALL_MINILM_L6_V2, QWEN3_EMBEDDING_0_6B
+from core_runner_pooling.examples import (
+    ALL_MINILM_L6_V2,
+    MS_MARCO_MINILM_L6_V2,
+    QWEN3_EMBEDDING_0_6B,
+    QWEN3_RERANKER_0_6B_SEQ_CLS,
+    TOXIC_BERT,
+)
 
 # the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
 SDK_RANGE = ">=1.0,<2"
 
 STATE = "model_states.pooling:PoolingModelState"
+CLASSIFY_STATE = "model_states.classify:ClassifyModelState"
 
 BERT_CAPABILITIES = {
     # bidirectional attention: every token sees the whole prompt, so a prompt cannot be
@@ -76,4 +83,28 @@ def register_models(registry):
         tasks=("embed",),
         examples=[{"name": "tiny-qwen3-embed", "config": TINY_QWEN3},
                   {"name": "qwen3-embedding-0.6b-shape", "config": QWEN3_EMBEDDING_0_6B}],
+    )
+    registry.add(
+        architecture="BertForSequenceClassification",
+        model="core_runner_pooling.bert:BertForSequenceClassification",
+        model_state=CLASSIFY_STATE,
+        capabilities=BERT_CAPABILITIES,
+        reference="transformers:BertForSequenceClassification",
+        sdk_version=SDK_RANGE,
+        tasks=("classify", "score"),
+        examples=[{"name": "tiny-bert-cls", "config": {**TINY_BERT, "num_labels": 3}},
+                  {"name": "ms-marco-minilm-l6-v2-shape", "config": MS_MARCO_MINILM_L6_V2},
+                  {"name": "toxic-bert-shape", "config": TOXIC_BERT}],
+    )
+    registry.add(
+        architecture="Qwen3ForSequenceClassification",
+        model="core_runner_pooling.qwen3_embed:Qwen3ForSequenceClassification",
+        model_state=CLASSIFY_STATE,
+        capabilities=QWEN3_EMBED_CAPABILITIES,
+        accepted_config={"use_sliding_window": [False], "hidden_act": ["silu"]},
+        reference="transformers:Qwen3ForSequenceClassification",
+        sdk_version=SDK_RANGE,
+        tasks=("classify", "score"),
+        examples=[{"name": "tiny-qwen3-cls", "config": {**TINY_QWEN3, "num_labels": 2}},
+                  {"name": "qwen3-reranker-0.6b-seq-cls-shape", "config": QWEN3_RERANKER_0_6B_SEQ_CLS}],
     )

@@ -5,12 +5,20 @@ and L2-normalised (PoolingParams' default).
 Checkpoints saved from transformers' ``Qwen3Model`` name their tensors
 ``embed_tokens.weight``, ``layers.N....`` and ``norm.weight``; ones saved from a
 ``Qwen3ForCausalLM`` wrapper carry a ``model.`` prefix and an ``lm_head`` that is skipped.
+
+``Qwen3ForSequenceClassification`` (the Qwen3-Reranker seq-cls conversion, reward-style
+classifiers): the same stack, pooled at the last prompt token (transformers pools the
+last non-padding token; prompts here carry no padding) and scored by ``score``, a
+bias-free [num_labels, hidden] linear, whole on every rank.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from core_runner_qwen3.model import Qwen3ForCausalLM, Qwen3Model
+
+from core_runner.layers import ReplicatedLinear
 
 
 class Qwen3EmbeddingModel(Qwen3Model):
@@ -28,3 +36,17 @@ class Qwen3EmbeddingModel(Qwen3Model):
     @staticmethod
     def map_weight_name(name: str) -> str | None:
         return name[len("model."):] if name.startswith("model.") else name
+
+
+class Qwen3ForSequenceClassification(Qwen3EmbeddingModel):
+    """forward as Qwen3EmbeddingModel's; ``classify(last [n, hidden]) -> logits [n, num_labels]``."""
+
+    ignored_weight_patterns = (r"rotary_emb\.inv_freq",)
+
+    def __init__(self, config: Any) -> None:
+        super().__init__(config)
+        self.config = config
+        self.score = ReplicatedLinear(config.hidden_size, int(config.num_labels), bias=False)
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        return self.score(pooled)
