@@ -32,6 +32,7 @@ from core_runner.layers.linear import (
     QKVParallelLinear,
     ReplicatedLinear,
     RowParallelLinear,
+    check_head_split,
     copy_into,
     default_weight_loader,
     materialize,
@@ -51,7 +52,8 @@ from core_runner.layers.rope_config import (
 from core_runner.layers.rotary import RotaryEmbedding, get_rope, rope_theta_of
 
 __all__ = [
-    "ColumnParallelLinear", "copy_into", "divide", "expert_parallel_enabled", "get_tensor_model_parallel_rank",
+    "check_head_split", "ColumnParallelLinear", "copy_into", "divide", "expert_parallel_enabled",
+    "get_tensor_model_parallel_rank",
     "get_tensor_model_parallel_world_size", "materialize", "MergedColumnParallelLinear", "ParallelLMHead",
     "QKVParallelLinear", "ReplicatedLinear", "RowParallelLinear", "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce", "VocabParallelEmbedding",

@@ -27,24 +27,11 @@ from core_runner.layers import (
     RowParallelLinear,
     SiluAndMul,
     VocabParallelEmbedding,
+    check_head_split,
     divide,
     get_rope,
     get_tensor_model_parallel_world_size,
 )
-
-
-def check_head_split(num_heads: int, num_kv_heads: int) -> None:
-    """ValueError naming the config field when the tensor-parallel size does not split the
-    heads: it must divide num_attention_heads, and divide num_key_value_heads or be a
-    multiple of it (then each KV head is replicated over tp / kv ranks)."""
-    tp = get_tensor_model_parallel_world_size()
-    divide(num_heads, tp, "num_attention_heads")
-    if tp <= num_kv_heads:
-        divide(num_kv_heads, tp, "num_key_value_heads")
-    elif tp % num_kv_heads:
-        raise ValueError(f"tensor_parallel_size={tp} is not divisible by num_key_value_heads={num_kv_heads}: with "
-                         "more ranks than KV heads each one is replicated over tp / num_key_value_heads ranks; pick "
-                         f"a tensor_parallel_size that divides {num_kv_heads} or is a multiple of it")
 
 
 class Qwen3Attention(nn.Module):
