@@ -156,6 +156,13 @@ def attention_cases() -> dict:
                                                       config=gpu),
         "paged_prefill": lambda: paged_attention_triton(qp, kv, qslp, lens[:4], bt[:4], 0.088, max_query_len=32,
                                                         max_seq_len=100, config=gpu),
+        # sliding window + soft cap + sinks (Gemma 2 / gpt-oss layers), prefill and split decode
+        "paged_options_prefill": lambda: paged_attention_triton(
+            qp, kv, qslp, lens[:4], bt[:4], 0.088, max_query_len=32, max_seq_len=100, config=gpu,
+            sliding_window=24, logits_soft_cap=50.0, sinks=torch.randn(16)),
+        "paged_options_split": lambda: paged_attention_triton(
+            q1, *paged, max_query_len=1, max_seq_len=128, num_splits=4, config=gpu, sliding_window=40,
+            logits_soft_cap=30.0, sinks=torch.randn(16)),
         "mla": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=1, config=gpu),
         "mla_split": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=4,
                                                   config=gpu),
