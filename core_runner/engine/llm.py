@@ -234,9 +234,9 @@ class LLM:
                                  lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
             outs = self._run([[r] for r in reqs], use_tqdm)
         made = [o.outputs for o in outs if o.outputs is not None]
-        if made:  # one device-to-host copy for all vectors
-            host = torch.stack([m.data for m in made]).float().cpu()
-            for m, e in zip(made, host.unbind(0)):
+        if made:  # one device-to-host copy for all vectors (lengths differ under Matryoshka dimensions)
+            host = torch.cat([m.data.reshape(-1) for m in made]).float().cpu()
+            for m, e in zip(made, host.split([m.data.numel() for m in made])):
                 m.data = e
         return outs
 
