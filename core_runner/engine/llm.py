@@ -17,12 +17,13 @@ from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
+    PoolingRequestOutput,
     RequestOutput,
     ScoringRequestOutput,
 )
 from core_runner.engine.request import Request
 from core_runner.plugins import PluginManager
-from core_runner.pooling_params import PoolingParams
+from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 from core_runner.sampling_params import SamplingParams
 
 
@@ -219,6 +220,30 @@ class LLM:
             return sc.cosine_scores(pairs, dict(zip(texts, outs)))
         raise ValueError(f"LLM.score() needs a cross-encoder (task 'score') or an embedding model (task 'embed'), "
                          f"but {self.engine.architecture} supports {self.engine.tasks}")
+
+    def encode(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        pooling_task: str | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """The general pooling entry (vLLM's ``LLM.encode``): one PoolingRequestOutput per
+        prompt, ``outs[i].outputs.data`` a float32 CPU tensor (an embedding for ``"embed"``,
+        probabilities for ``"classify"`` / ``"score"``, as ``embed`` / ``classify`` give).
+        ``pooling_task`` is one of the model's pooling tasks (None: its first); another
+        raises ValueError naming the valid ones."""
+        tasks = [t for t in self.engine.tasks if t in POOLING_TASKS]
+        if not tasks:
+            raise ValueError(f"LLM.encode() needs a pooling model, but {self.engine.architecture} supports "
+                             f"{self.engine.tasks}; use LLM.generate()")
+        task = tasks[0] if pooling_task is None else pooling_task
+        if task not in tasks:
+            raise ValueError(f"LLM.encode(pooling_task={pooling_task!r}) is invalid for {self.engine.architecture}: "
+                             f"expected one of its pooling tasks {tasks}")
+        prompts = _prompt_list(prompts)
+        return self._pool(prompts, _per_prompt(pooling_params, len(prompts)), task, use_tqdm)
 
     def _pool(self, prompts: list, params: list[PoolingParams], task: str, use_tqdm: bool) -> list[Any]:
         """Run pooling requests of one task; vectors copied to the host in one copy."""
