@@ -13,6 +13,11 @@
   ``"cls"``  the first token's hidden state
   ``"last"`` the last token's hidden state (decoder embedders such as Qwen3-Embedding)
 ``normalize``: L2-normalise the vector (default True; embed only).
+``dimensions``: embed only, Matryoshka models only (vLLM's field): keep the first k
+  entries of the pooled vector, then L2-normalise them when ``normalize`` is on. A model
+  declares Matryoshka training by ``is_matryoshka`` / ``matryoshka_dimensions`` in its
+  config.json or by its class (Qwen3-Embedding); k must be in (0, hidden_size] and, when
+  the config lists ``matryoshka_dimensions``, one of them. None keeps every entry.
 ``use_activation``: classify / score: apply the head's activation (softmax over the
   labels, or sigmoid when ``num_labels == 1`` or ``problem_type`` is
   ``multi_label_classification``); None means True; False returns the raw logits.
@@ -43,6 +48,7 @@ class PoolingParams:
     use_activation: bool | None = None
     activation: bool | None = None
     compressed_token_type_ids: int | None = None
+    dimensions: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ValueError:
@@ -67,6 +73,9 @@ class PoolingParams:
         if c is not None and (not isinstance(c, int) or isinstance(c, bool) or c < 0):
             raise bad("compressed_token_type_ids", "expected None or an integer >= 0 (the index of the second "
                                                    "segment's first token)")
+        d = self.dimensions
+        if d is not None and (not isinstance(d, int) or isinstance(d, bool) or d < 1):
+            raise bad("dimensions", "expected None (every entry) or an integer >= 1 (Matryoshka truncation)")
 
     @property
     def activate(self) -> bool:

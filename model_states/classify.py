@@ -51,6 +51,9 @@ class ClassifyModelState(PoolingModelState):
     def resolve_pooling_params(self, params: PoolingParams | None) -> PoolingParams:
         params = params if params is not None else PoolingParams(task="classify")
         own = self.default_pooling_type
+        if params.dimensions is not None:
+            raise ValueError(f"PoolingParams.dimensions={params.dimensions!r} is invalid for task "
+                             f"{params.task or 'classify'!r}: Matryoshka truncation applies to embed only (pass None)")
         if params.pooling_type not in (None, own):
             raise ValueError(f"PoolingParams.pooling_type={params.pooling_type!r} is invalid for "
                              f"{type(self.model).__name__}: its classifier head pools {own!r} (pass None)")

@@ -29,6 +29,11 @@ The model's default pooling type (used when ``PoolingParams.pooling_type`` is No
 the checkpoint's sentence-transformers ``Pooling`` config when there is one
 (``modules.json`` -> ``<path>/config.json``), else the model class's
 ``default_pooling_type``.
+
+``PoolingParams.dimensions`` (Matryoshka, as vLLM): a model accepts it when its
+checkpoint's config.json sets ``is_matryoshka`` or lists ``matryoshka_dimensions``, or
+when its class sets ``is_matryoshka = True``; the pooled vector keeps its first k entries
+and is L2-normalised after the cut when ``normalize`` is on (host mirror ``dims_cpu``).
 """
 from __future__ import annotations
 
@@ -134,6 +139,20 @@ def sentence_transformers_pooling(path: str | Path) -> str | None:
     return None
 
 
+def matryoshka_support(path: str | Path, model: object) -> tuple[bool, tuple[int, ...] | None]:
+    """(accepts ``dimensions``, the allowed values or None for any in (0, hidden]) from the
+    checkpoint's config.json (``is_matryoshka`` / ``matryoshka_dimensions``, vLLM's keys)
+    and the model class's ``is_matryoshka``."""
+    file = Path(path) / "config.json"
+    cfg = _read_json(file, "a transformers config (a JSON object)") if file.is_file() else {}
+    cfg = cfg if isinstance(cfg, dict) else {}
+    dims = cfg.get("matryoshka_dimensions")
+    if dims is not None and (not isinstance(dims, list) or not all(isinstance(d, int) and d > 0 for d in dims)):
+        raise ValueError(f"{file}: matryoshka_dimensions={dims!r} is invalid: expected a list of positive integers")
+    on = bool(dims) or bool(cfg.get("is_matryoshka", False)) or bool(getattr(model, "is_matryoshka", False))
+    return on, tuple(dims) if dims else None
+
+
 class PoolingModelState(ModelState):
     supported_tasks = ("embed",)
 
@@ -153,7 +172,10 @@ class PoolingModelState(ModelState):
         if self.default_pooling_type not in (None, *POOLING_TYPES):
             raise ValueError(f"{type(model).__name__}.default_pooling_type={self.default_pooling_type!r} "
                              f"is invalid: expected one of {POOLING_TYPES}")
+        self.matryoshka, self.matryoshka_dims = matryoshka_support(config.model, model)
         rows = config.max_num_seqs + 1  # the runner's rows plus its scratch row
+        self.dims_cpu: list[int | None] = [None] * rows
+        self.normalize_cpu = [True] * rows
         self.pool_type = StagedWriteTensor((rows,), torch.int32, device)
         self.normalize = StagedWriteTensor((rows,), torch.int32, device)
         self.num_prompt = StagedWriteTensor((rows,), torch.int32, device)
@@ -169,6 +191,8 @@ class PoolingModelState(ModelState):
         if params.use_activation is not None or params.activation is not None:
             raise ValueError(f"PoolingParams.use_activation / activation apply to classify and score, not to "
                              f"task {params.task or 'embed'!r} (embeddings take normalize)")
+        if params.dimensions is not None:
+            self.check_dimensions(params.dimensions)
         if params.pooling_type is not None:
             return params
         if self.default_pooling_type is None:
@@ -176,6 +200,21 @@ class PoolingModelState(ModelState):
                 f"{type(self.model).__name__} has no default pooling type: pass "
                 f"PoolingParams(pooling_type=...) with one of {POOLING_TYPES}"))
         return dataclasses.replace(params, pooling_type=self.default_pooling_type)
+
+    def check_dimensions(self, d: int) -> None:
+        """Refuse ``PoolingParams.dimensions=d`` unless the model is Matryoshka-trained and d
+        is one it allows (a ValueError naming the field, the value and what is valid)."""
+        name = type(self.model).__name__
+        if not self.matryoshka:
+            raise ValueError(f"PoolingParams.dimensions={d!r} is invalid: {name} does not declare Matryoshka "
+                             "embeddings (is_matryoshka / matryoshka_dimensions in its config.json), so a "
+                             "truncated vector would be a poor embedding; pass dimensions=None")
+        if self.matryoshka_dims is not None and d not in self.matryoshka_dims:
+            raise ValueError(f"PoolingParams.dimensions={d!r} is invalid: {name} allows only its "
+                             f"matryoshka_dimensions {list(self.matryoshka_dims)}")
+        if not 0 < d <= self.hidden_size:
+            raise ValueError(f"PoolingParams.dimensions={d!r} is invalid: expected 1 .. {self.hidden_size} "
+                             f"(the hidden size of {name})")
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         dtype = next(self.model.parameters()).dtype
@@ -192,6 +231,7 @@ class PoolingModelState(ModelState):
         self.num_prompt.stage_scalar(row, request.num_prompt_tokens)
         self.num_prompt_cpu[row] = request.num_prompt_tokens
         self.pool_type_cpu[row] = kind
+        self.dims_cpu[row], self.normalize_cpu[row] = params.dimensions, params.normalize
         self._rows_to_clear.append(row)
 
     def remove_request(self, row: int) -> None:
@@ -271,10 +311,15 @@ class PoolingModelState(ModelState):
         kind = kind[sel].unsqueeze(1)
         mean = sums[sel] / self.num_prompt.gpu[rows[sel]].unsqueeze(1).float()
         last = h[qsl[1:][sel] - 1]
-        out = torch.where(kind == MEAN, mean, torch.where(kind == CLS, first[sel], last))
+        raw = torch.where(kind == MEAN, mean, torch.where(kind == CLS, first[sel], last))
         norm = self.normalize.gpu[rows[sel]].bool().unsqueeze(1)
-        out = torch.where(norm, F.normalize(out, p=2.0, dim=-1), out)
+        out = torch.where(norm, F.normalize(raw, p=2.0, dim=-1), raw)
         pooled: list[torch.Tensor | None] = [None] * n
         for j, i in enumerate(done):
-            pooled[i] = out[j]
+            d = self.dims_cpu[rows_cpu[i]]
+            if d is None:
+                pooled[i] = out[j]
+            else:  # Matryoshka: cut first, then normalise what is kept
+                cut = raw[j, :d]
+                pooled[i] = F.normalize(cut, p=2.0, dim=-1) if self.normalize_cpu[rows_cpu[i]] else cut
         return pooled

@@ -17,12 +17,13 @@ from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.outputs import (
     ClassificationRequestOutput,
     EmbeddingRequestOutput,
+    PoolingRequestOutput,
     RequestOutput,
     ScoringRequestOutput,
 )
 from core_runner.engine.request import Request
 from core_runner.plugins import PluginManager
-from core_runner.pooling_params import PoolingParams
+from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 from core_runner.sampling_params import SamplingParams
 
 
@@ -220,6 +221,30 @@ class LLM:
         raise ValueError(f"LLM.score() needs a cross-encoder (task 'score') or an embedding model (task 'embed'), "
                          f"but {self.engine.architecture} supports {self.engine.tasks}")
 
+    def encode(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        pooling_task: str | None = None,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """The general pooling entry (vLLM's ``LLM.encode``): one PoolingRequestOutput per
+        prompt, ``outs[i].outputs.data`` a float32 CPU tensor (an embedding for ``"embed"``,
+        probabilities for ``"classify"`` / ``"score"``, as ``embed`` / ``classify`` give).
+        ``pooling_task`` is one of the model's pooling tasks (None: its first); another
+        raises ValueError naming the valid ones."""
+        tasks = [t for t in self.engine.tasks if t in POOLING_TASKS]
+        if not tasks:
+            raise ValueError(f"LLM.encode() needs a pooling model, but {self.engine.architecture} supports "
+                             f"{self.engine.tasks}; use LLM.generate()")
+        task = tasks[0] if pooling_task is None else pooling_task
+        if task not in tasks:
+            raise ValueError(f"LLM.encode(pooling_task={pooling_task!r}) is invalid for {self.engine.architecture}: "
+                             f"expected one of its pooling tasks {tasks}")
+        prompts = _prompt_list(prompts)
+        return self._pool(prompts, _per_prompt(pooling_params, len(prompts)), task, use_tqdm)
+
     def _pool(self, prompts: list, params: list[PoolingParams], task: str, use_tqdm: bool) -> list[Any]:
         """Run pooling requests of one task; vectors copied to the host in one copy."""
         for i, p in enumerate(params):
@@ -234,9 +259,9 @@ class LLM:
                                  lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
             outs = self._run([[r] for r in reqs], use_tqdm)
         made = [o.outputs for o in outs if o.outputs is not None]
-        if made:  # one device-to-host copy for all vectors
-            host = torch.stack([m.data for m in made]).float().cpu()
-            for m, e in zip(made, host.unbind(0)):
+        if made:  # one device-to-host copy for all vectors (lengths differ under Matryoshka dimensions)
+            host = torch.cat([m.data.reshape(-1) for m in made]).float().cpu()
+            for m, e in zip(made, host.split([m.data.numel() for m in made])):
                 m.data = e
         return outs
 

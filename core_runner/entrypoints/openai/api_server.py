@@ -1,5 +1,5 @@
 """The OpenAI-compatible server: /v1/models, /v1/completions, /v1/chat/completions,
-/v1/embeddings, /classify, /score + /v1/score, /rerank + /v1/rerank (pooling_routes.py),
+/v1/embeddings, /pooling, /classify, /score + /v1/score, /rerank + /v1/rerank (pooling_routes.py),
 /health, /metrics.
 
 Every request is served by one AsyncLLM (one engine thread); handlers run on uvicorn's
@@ -105,6 +105,7 @@ def create_app(
     app.post("/v1/embeddings")(_guarded(h.embeddings))
     pr = PoolingRoutes(h)
     app.post("/classify")(_guarded(pr.classify))
+    app.post("/pooling")(_guarded(pr.pooling))
     for path in ("/score", "/v1/score"):
         app.post(path)(_guarded(pr.score))
     for path in ("/rerank", "/v1/rerank"):

@@ -3,6 +3,9 @@
 
 - ``/classify``: ``{"input": str | [str] | ids, "use_activation"?}`` -> ``data`` of
   ``{"index", "label", "probs", "num_classes"}`` (a classifier).
+- ``/pooling``: ``{"input": str | [str] | ids, "task"?, "encoding_format"?}`` -> ``data`` of
+  ``{"index", "object": "pooling", "data"}`` (vLLM's general pooling endpoint; ``task``
+  one of the model's pooling tasks, default its first).
 - ``/score``: ``{"text_1": str | [str], "text_2": str | [str]}`` (1:1, 1:N, N:N, as
   ``LLM.score``) -> ``data`` of ``{"index", "object": "score", "score"}``.
 - ``/rerank``: ``{"query": str, "documents": [str], "top_n"?: int, "return_documents"?}``
@@ -25,9 +28,10 @@ from fastapi.responses import JSONResponse, Response
 
 from core_runner.engine import score as sc
 from core_runner.entrypoints.openai import protocol as P
+from core_runner.entrypoints.openai.handlers import _encode
 from core_runner.entrypoints.openai.protocol import APIError
 from core_runner.entrypoints.openai.streams import collect_while_connected
-from core_runner.pooling_params import PoolingParams
+from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 
 
 class PoolingRoutes:
@@ -47,6 +51,21 @@ class PoolingRoutes:
         data = [{"index": i, "label": labels.get(int(d.embedding.argmax())), "probs": d.embedding.tolist(),
                  "num_classes": int(d.embedding.numel())} for i, d in enumerate(outs)]
         return self._answer("classify", {"data": data}, outs)
+
+    # ---- /pooling -------------------------------------------------------------------
+    async def pooling(self, request: Request) -> Response:
+        body = await self.h.body(request)
+        tasks = [t for t in self.engine.tasks if t in POOLING_TASKS]
+        task = body.get("task", tasks[0] if tasks else None)
+        if task not in tasks:
+            raise APIError(f"task={P._short(task)} is invalid for the model {self.name!r}: expected one of its "
+                           f"pooling tasks {tasks}", "task")
+        inputs = P.embedding_inputs(body)
+        fmt = P.encoding_format(body)
+        params = _with(P.pooling_params(body), body, task=task)
+        outs = await self._run(request, body, [(x, params) for x in inputs], "input")
+        data = [{"index": i, "object": "pooling", "data": _encode(d.embedding, fmt)} for i, d in enumerate(outs)]
+        return self._answer("pool", {"data": data}, outs)
 
     # ---- /score, /v1/score ----------------------------------------------------------
     async def score(self, request: Request) -> Response:

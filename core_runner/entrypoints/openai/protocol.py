@@ -33,7 +33,7 @@ _FLOATS = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
 _INTS = {"top_k": "top_k", "seed": "seed", "min_tokens": "min_tokens"}
 # refused rather than silently ignored: the client would get something other than it asked for
 _UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
-                "tool_choice": (None, "none"), "response_format": (None,), "dimensions": (None,)}
+                "tool_choice": (None, "none"), "response_format": (None,)}
 _SP_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
@@ -220,14 +220,17 @@ def encoding_format(body: dict) -> str:
 
 
 def pooling_params(body: dict) -> PoolingParams:
-    check_unsupported(body, ("dimensions",))
-    trunc = body.get("truncate_prompt_tokens")
-    if trunc is not None and not _is_int(trunc):
-        raise APIError(f"truncate_prompt_tokens must be an integer, got {trunc!r}", "truncate_prompt_tokens")
+    """``truncate_prompt_tokens`` and ``dimensions`` (Matryoshka; the engine refuses it, a
+    400 naming it, for a model that does not declare it)."""
+    for name in ("truncate_prompt_tokens", "dimensions"):
+        value = body.get(name)
+        if value is not None and not _is_int(value):
+            raise APIError(f"{name} must be an integer, got {_short(value)}", name)
     try:
-        return PoolingParams(truncate_prompt_tokens=trunc)
+        return PoolingParams(truncate_prompt_tokens=body.get("truncate_prompt_tokens"),
+                             dimensions=body.get("dimensions"))
     except (ValueError, TypeError) as e:
-        raise APIError(str(e), "truncate_prompt_tokens") from e
+        raise APIError(str(e), "dimensions" if "dimensions" in str(e) else "truncate_prompt_tokens") from e
 
 
 def chat_messages(body: dict) -> list[dict]:

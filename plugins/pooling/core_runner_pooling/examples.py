@@ -77,3 +77,23 @@ QWEN3_RERANKER_0_6B_SEQ_CLS = {  # tomaarsen/Qwen3-Reranker-0.6B-seq-cls (Qwen/Q
     "tie_word_embeddings": True, "use_cache": False, "use_sliding_window": False,
     "vocab_size": 512,  # 151669
 }
+
+# XLM-RoBERTa (written from memory without hub access, like the classifiers above)
+BGE_M3 = {  # BAAI/bge-m3: served as XLMRobertaModel, CLS pooling, L2-normalised
+    "architectures": ["XLMRobertaModel"], "attention_probs_dropout_prob": 0.1, "bos_token_id": 0,
+    "classifier_dropout": None, "eos_token_id": 2, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 64,  # 1024
+    "initializer_range": 0.02,
+    "intermediate_size": 256,  # 4096
+    "layer_norm_eps": 1e-05, "max_position_embeddings": 8194, "model_type": "xlm-roberta",
+    "num_attention_heads": 16,  # 16 (heads of 4 instead of 64)
+    "num_hidden_layers": 2,  # 24
+    "output_past": True, "pad_token_id": 1, "position_embedding_type": "absolute", "type_vocab_size": 1,
+    "use_cache": True,
+    "vocab_size": 512,  # 250002
+}
+
+BGE_RERANKER_V2_M3 = {  # BAAI/bge-reranker-v2-m3: a cross-encoder, one logit (sigmoid)
+    **BGE_M3, "architectures": ["XLMRobertaForSequenceClassification"],
+    "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
+}

@@ -2,6 +2,8 @@
 from core_runner.sdk import hookimpl
 from core_runner_pooling.examples import (
     ALL_MINILM_L6_V2,
+    BGE_M3,
+    BGE_RERANKER_V2_M3,
     MS_MARCO_MINILM_L6_V2,
     QWEN3_EMBEDDING_0_6B,
     QWEN3_RERANKER_0_6B_SEQ_CLS,
@@ -49,6 +51,11 @@ TINY_BERT = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
     num_attention_heads=4, max_position_embeddings=128, type_vocab_size=2, layer_norm_eps=1e-12,
     hidden_act="gelu",
+)
+
+TINY_XLMR = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1,
 )
 
 TINY_QWEN3 = dict(
@@ -107,4 +114,26 @@ def register_models(registry):
         tasks=("classify", "score"),
         examples=[{"name": "tiny-qwen3-cls", "config": {**TINY_QWEN3, "num_labels": 2}},
                   {"name": "qwen3-reranker-0.6b-seq-cls-shape", "config": QWEN3_RERANKER_0_6B_SEQ_CLS}],
+    )
+    registry.add(
+        architecture="XLMRobertaModel",
+        model="core_runner_pooling.xlm_roberta:XLMRobertaModel",
+        model_state=STATE,
+        capabilities=BERT_CAPABILITIES,  # BERT's encoder: the same reasons
+        reference="transformers:XLMRobertaModel",
+        sdk_version=SDK_RANGE,
+        tasks=("embed",),
+        examples=[{"name": "tiny-xlm-roberta", "config": TINY_XLMR},
+                  {"name": "bge-m3-shape", "config": BGE_M3}],
+    )
+    registry.add(
+        architecture="XLMRobertaForSequenceClassification",
+        model="core_runner_pooling.xlm_roberta:XLMRobertaForSequenceClassification",
+        model_state=CLASSIFY_STATE,
+        capabilities=BERT_CAPABILITIES,
+        reference="transformers:XLMRobertaForSequenceClassification",
+        sdk_version=SDK_RANGE,
+        tasks=("classify", "score"),
+        examples=[{"name": "tiny-xlm-roberta-cls", "config": {**TINY_XLMR, "num_labels": 3}},
+                  {"name": "bge-reranker-v2-m3-shape", "config": BGE_RERANKER_V2_M3}],
     )

@@ -26,6 +26,9 @@ class Qwen3EmbeddingModel(Qwen3Model):
 
     is_causal = True
     default_pooling_type = "last"
+    # Qwen3-Embedding is trained Matryoshka-style (its card: output dimensions 32 .. hidden),
+    # and vLLM serves it so: PoolingParams.dimensions is accepted (model_states/pooling.py)
+    is_matryoshka = True
     packed_modules_mapping = Qwen3ForCausalLM.packed_modules_mapping
     ignored_weight_patterns = (r"rotary_emb\.inv_freq", r"^lm_head\.weight$")
 
@@ -42,6 +45,7 @@ class Qwen3ForSequenceClassification(Qwen3EmbeddingModel):
     """forward as Qwen3EmbeddingModel's; ``classify(last [n, hidden]) -> logits [n, num_labels]``."""
 
     ignored_weight_patterns = (r"rotary_emb\.inv_freq",)
+    is_matryoshka = False  # a classifier: its head reads the whole pooled state
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
