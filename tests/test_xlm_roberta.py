@@ -57,3 +57,21 @@ def test_reranker_scores(tmp_path_factory, single_torch_thread):
     outs = LLM(path, **OPTS).classify(PROMPTS, use_tqdm=False)
     for p, o in zip(PROMPTS, outs):
         assert (o.outputs.data - torch.sigmoid(_hf(hf, p).logits[0].float())).abs().max() < 1e-5
+
+
+def test_prompts_past_the_usable_positions_are_refused_by_name(tmp_path_factory, single_torch_thread):
+    """40 positions, padding_idx 1: 38 tokens fit (positions 2..39); the default max_model_len
+    is that, a 39-token prompt is refused when submitted, and an explicit 40 at construction."""
+    import pytest
+
+    path, hf = _ckpt(tmp_path_factory, "XLMRobertaModel")
+    llm = LLM(path, **OPTS)
+    assert llm.config.max_model_len == 38
+    fits = [0] + [5] * 36 + [2]
+    out = llm.embed([fits], use_tqdm=False)[0]
+    want = F.normalize(_hf(hf, fits).last_hidden_state[0, 0].float(), dim=-1)
+    assert (out.outputs.data - want).abs().max() < 1e-5
+    with pytest.raises(ValueError, match="38"):
+        llm.embed([fits + [7]], use_tqdm=False)
+    with pytest.raises(ValueError, match=r"max_model_len=40 exceeds the 38 tokens XLMRobertaModel can place"):
+        LLM(path, max_model_len=40, **OPTS)

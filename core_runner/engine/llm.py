@@ -53,7 +53,7 @@ class LLM:
         the (free, total) memory the KV pool is sized from when ``num_kv_blocks`` is None)."""
         if "max_model_len" not in options:  # default: min(EngineConfig's default, the model's positions)
             default = next(f.default for f in fields(EngineConfig) if f.name == "max_model_len")
-            limit = _max_positions(model)
+            limit = _max_positions(model, plugins)
             if limit is not None and limit < default:
                 options["max_model_len"] = limit
         self.config = EngineConfig(model=str(model), **options)
@@ -377,10 +377,25 @@ def _prompt_list(prompts: Any) -> list:
                      f"({PROMPT_FORMS}) or a list of them")
 
 
-def _max_positions(model: str | Path) -> int | None:
-    """The checkpoint's max_position_embeddings (None when unknown)."""
+def _max_positions(model: str | Path, plugins: PluginManager | None = None) -> int | None:
+    """The checkpoint's max_position_embeddings, or fewer when the family's model class says
+    it places fewer tokens (``max_positions_of``; see LLMEngine); None when unknown."""
     try:
-        value = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+        raw = json.loads((Path(model) / "config.json").read_text())
+        value = raw.get("max_position_embeddings")
     except (OSError, ValueError, AttributeError):
         return None
-    return value if isinstance(value, int) and value > 0 else None
+    if not (isinstance(value, int) and value > 0):
+        return None
+    try:
+        from transformers import AutoConfig
+
+        from core_runner.engine.llm_engine import usable_positions
+        from core_runner.plugins import load_plugins
+
+        arch = (raw.get("architectures") or [None])[0]
+        reg = (plugins or load_plugins()).registry.find(arch) if arch else None
+        usable = usable_positions(reg, AutoConfig.from_pretrained(str(model))) if reg is not None else None
+    except Exception:  # noqa: BLE001 - the engine reports a bad checkpoint or plugin itself
+        return value
+    return min(value, usable) if usable is not None else value

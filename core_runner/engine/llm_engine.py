@@ -70,6 +70,14 @@ def available_memory(device: torch.device) -> tuple[int, int]:
     return free, info.get("MemTotal", free)
 
 
+def usable_positions(registration, hf_config) -> int | None:
+    """Tokens a model can place, when its class says it is fewer than max_position_embeddings
+    (a classmethod ``max_positions_of(hf_config)``: e.g. positions that start past a padding
+    index); None when the class does not say."""
+    fn = getattr(registration.load_model_class(), "max_positions_of", None)
+    return fn(hf_config) if callable(fn) else None
+
+
 class LLMEngine:
     """One model's engine. ``memory_probe(device) -> (free, total) bytes`` (or free bytes
     alone) replaces the default memory reading when the KV pool is sized from memory
@@ -100,6 +108,12 @@ class LLMEngine:
         if max_pos is not None and config.max_model_len > max_pos:
             raise ValueError(
                 f"max_model_len={config.max_model_len} exceeds the model's max_position_embeddings={max_pos}"
+            )
+        usable = usable_positions(self.registration, self.hf_config)
+        if usable is not None and config.max_model_len > usable:
+            raise ValueError(
+                f"max_model_len={config.max_model_len} exceeds the {usable} tokens {self.architecture} can place "
+                f"(its model's max_positions_of(config)); pass max_model_len <= {usable}"
             )
         self.dtype = resolve_dtype(config.dtype, self.hf_config, config.device)
         # before anything is allocated: weights that cannot fit are refused by their sizes

@@ -37,6 +37,11 @@ class XLMRobertaModel(BertModel):
     default_pooling_type = "cls"  # BGE-M3's (its sentence-transformers config says so too)
     ignored_weight_patterns = (r"^pooler\.", r"^embeddings\.position_ids$", r"^embeddings\.token_type_ids$")
 
+    @classmethod
+    def max_positions_of(cls, config) -> int:
+        """Tokens it can place: positions run from padding_idx + 1 to max_position_embeddings - 1."""
+        return int(config.max_position_embeddings) - int(config.pad_token_id) - 1
+
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self.padding_idx = int(config.pad_token_id)
