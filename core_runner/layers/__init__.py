@@ -39,6 +39,7 @@ from core_runner.layers.linear import (
 )
 from core_runner.layers.mamba2 import DepthwiseConv1d, GatedRMSNorm, Mamba2Mixer
 from core_runner.layers.mla import MLAAttention
+from core_runner.layers.mlp import GatedMLP
 from core_runner.layers.moe_routing import check_expert_groups, grouped_topk_v2, grouped_topk_v3, softmax_topk
 from core_runner.layers.norm import GemmaRMSNorm, RMSNorm
 from core_runner.layers.rope_config import (
@@ -58,7 +59,7 @@ __all__ = [
     "QKVParallelLinear", "ReplicatedLinear", "RowParallelLinear", "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce", "VocabParallelEmbedding",
     "act_and_mul", "Attention", "cos_sin_of", "default_inv_freq", "default_weight_loader", "DepthwiseConv1d",
-    "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GATED_ACTIVATIONS", "GatedRMSNorm", "GELU",
+    "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GATED_ACTIVATIONS", "GatedMLP", "GatedRMSNorm", "GELU",
     "GeluAndMul", "GemmaRMSNorm", "gelu_from_name", "get_rope",
     "check_expert_groups", "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer",
     "MergedLinear",

@@ -33,17 +33,14 @@ from torch import nn
 
 from core_runner.layers import (
     Attention,
+    GatedMLP,
     GemmaRMSNorm,
-    MergedColumnParallelLinear,
     ParallelLMHead,
     QKVParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
-    act_and_mul,
     check_head_split,
-    divide,
     get_rope,
-    get_tensor_model_parallel_world_size,
 )
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -97,19 +94,6 @@ class GemmaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
-class GemmaMLP(nn.Module):
-    """act(gate) * up of intermediate_size units (1/tp of them on each rank), then down."""
-
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        inter = config.intermediate_size
-        divide(inter, get_tensor_model_parallel_world_size(), "intermediate_size")
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias=False)
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=False)
-        self.act = act_and_mul(config.hidden_activation)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class GemmaDecoderLayer(nn.Module):
@@ -120,7 +104,7 @@ class GemmaDecoderLayer(nn.Module):
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = attn
-        self.mlp = GemmaMLP(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_activation)
         self.input_layernorm = GemmaRMSNorm(h, eps)
         self.post_attention_layernorm = GemmaRMSNorm(h, eps)
         self.pre_feedforward_layernorm = GemmaRMSNorm(h, eps)

@@ -20,17 +20,14 @@ from torch import nn
 
 from core_runner.layers import (
     Attention,
-    MergedColumnParallelLinear,
+    GatedMLP,
     ParallelLMHead,
     QKVParallelLinear,
     RMSNorm,
     RowParallelLinear,
     VocabParallelEmbedding,
-    act_and_mul,
     check_head_split,
-    divide,
     get_rope,
-    get_tensor_model_parallel_world_size,
 )
 
 
@@ -59,26 +56,13 @@ class MistralAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v))
 
 
-class MistralMLP(nn.Module):
-    """act(gate) * up of intermediate_size units (1/tp of them on each rank), then down."""
-
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        inter = config.intermediate_size
-        divide(inter, get_tensor_model_parallel_world_size(), "intermediate_size")
-        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [inter, inter], bias=False)
-        self.down_proj = RowParallelLinear(inter, config.hidden_size, bias=False)
-        self.act = act_and_mul(config.hidden_act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class MistralDecoderLayer(nn.Module):
     def __init__(self, config: Any) -> None:
         super().__init__()
         self.self_attn = MistralAttention(config)
-        self.mlp = MistralMLP(config)
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
