@@ -168,6 +168,7 @@ def _headless(a: argparse.Namespace) -> int:
 def cmd_serve(a: argparse.Namespace) -> int:
     from core_runner import LLM
     from core_runner.entrypoints.openai.api_server import serve
+    from core_runner.entrypoints.openai.tools import ChatOptions
 
     if a.model_arg is not None and a.model is not None and a.model_arg != a.model:
         raise ValueError(f"two models given: {a.model_arg!r} and --model {a.model!r}; give one")
@@ -182,10 +183,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
         model = demo_checkpoint()
         print(f"# no model given: serving the built-in demo checkpoint {model} (a tiny trained model)", file=sys.stderr)
+    chat_options = ChatOptions(a.tool_call_parser, a.enable_auto_tool_choice, a.reasoning_parser)  # before loading
     llm = LLM(model, **_engine_options(a))
     serve(llm.engine, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
           max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout, shutdown_timeout=a.shutdown_timeout,
-          disable_fastapi_docs=a.disable_fastapi_docs, protect_metrics=a.protect_metrics)
+          disable_fastapi_docs=a.disable_fastapi_docs, protect_metrics=a.protect_metrics, chat_options=chat_options)
     return 0
 
 
@@ -306,6 +308,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--disable-fastapi-docs", action="store_true", help="serve no /docs, /redoc, /openapi.json")
     s.add_argument("--protect-metrics", action="store_true",
                    help="/metrics needs the --api-key too (default: open to scrapers, as /health)")
+    s.add_argument("--tool-call-parser", default=None,
+                   help="how tool calls are read from the output for tool_choice auto: hermes (Qwen3, Hermes "
+                        "<tool_call>) or llama3_json (or a core_runner.tool_parsers entry point)")
+    s.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help="allow tool_choice auto (the default when a request has tools); needs --tool-call-parser")
+    s.add_argument("--reasoning-parser", default=None,
+                   help="fill reasoning_content from <think>...</think>: qwen3 or deepseek_r1")
     s.set_defaults(func=cmd_serve)
     b = add("bench", help="run workloads W1/W2 (DESIGN.md section 8), W2R (repeated prompts), W3 (shared prefixes)")
     b.add_argument("--model", default=None, help="checkpoint (default: random Qwen3-0.6B-shaped bf16)")

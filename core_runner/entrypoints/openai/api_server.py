@@ -28,6 +28,7 @@ from core_runner.entrypoints.openai.metrics import PrometheusStats
 from core_runner.entrypoints.openai.pooling_routes import PoolingRoutes
 from core_runner.entrypoints.openai.protocol import APIError
 from core_runner.entrypoints.openai.streams import ClientGone
+from core_runner.entrypoints.openai.tools import ChatOptions
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +45,13 @@ def default_served_name(model: str) -> str:
 def create_app(
     engine: LLMEngine, *, served_model_name: str | None = None, api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout: float | None = None,
-    disable_fastapi_docs: bool = False, protect_metrics: bool = False,
+    disable_fastapi_docs: bool = False, protect_metrics: bool = False, chat_options: ChatOptions | None = None,
 ) -> FastAPI:
     """The app over ``engine``; its AsyncLLM is ``app.state.llm`` and is closed when the
     app shuts down. ``served_model_name`` defaults to ``default_served_name``; with
     ``api_key``, /v1 and the API docs need it, /metrics too if ``protect_metrics``;
-    ``disable_fastapi_docs`` removes /docs, /redoc and /openapi.json."""
+    ``disable_fastapi_docs`` removes /docs, /redoc and /openapi.json; ``chat_options``: the tool
+    call and reasoning parsers of /v1/chat/completions (``tools.ChatOptions``)."""
     name = served_model_name or default_served_name(engine.config.model)
     stats = PrometheusStats(name)
     llm = AsyncLLM(engine, stats=stats, request_timeout=request_timeout)
@@ -65,7 +67,7 @@ def create_app(
     app.state.draining = False  # set by the shutdown (shutdown.GracefulServer)
     app.state.close_timeout = 10.0  # seconds the shutdown waits for the engine thread
     app.add_middleware(Gate, api_key=api_key, protect_metrics=protect_metrics, draining=lambda: app.state.draining)
-    h = Handlers(llm, name, max_body_bytes)
+    h = Handlers(llm, name, max_body_bytes, chat_options)
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, e: APIError) -> JSONResponse:

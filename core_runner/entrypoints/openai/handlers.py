@@ -24,13 +24,15 @@ from core_runner.entrypoints.openai import protocol as P
 from core_runner.entrypoints.openai.protocol import APIError
 from core_runner.entrypoints.openai.request_body import read_json
 from core_runner.entrypoints.openai.streams import StartError, collect_while_connected, merge, sse, start_all
+from core_runner.entrypoints.openai.tools import ChatOptions, template_messages
 
 logger = logging.getLogger(__name__)
 
 
 class Handlers:
-    def __init__(self, llm: AsyncLLM, name: str, max_body_bytes: int) -> None:
+    def __init__(self, llm: AsyncLLM, name: str, max_body_bytes: int, chat_options: ChatOptions | None = None) -> None:
         self.llm, self.engine, self.name = llm, llm.engine, name
+        self.chat_options = chat_options or ChatOptions()
         self.max_body = max_body_bytes
         self.created = int(time.time())
 
@@ -120,11 +122,13 @@ class Handlers:
     async def chat(self, request: Request) -> Response:
         body = await self.body(request)
         self.require("generate")
-        P.check_unsupported(body, ("tools", "tool_choice", "response_format"))
+        P.check_unsupported(body, ("response_format",))
+        plan = self.chat_options.plan(body)  # tools, tool_choice, reasoning: tools.py
         msgs = P.chat_messages(body)
         stream, usage = P.stream_options(body)
         params, given = P.sampling_params(body, self.engine.default_sampling_params(), chat=True)
-        ids = self._render_chat(msgs)
+        params = plan.sampling(params)
+        ids = self._render_chat(template_messages(msgs), plan.tools)
         if not given:  # the rest of the context, as vLLM does
             room = self.engine.config.max_model_len - len(ids)
             if room < 1:
@@ -144,30 +148,38 @@ class Handlers:
                 for j in range(len(gens)):
                     yield sse({**head, "choices": [{**first, "index": j}]})
                 counts: dict[int, tuple[int, int]] = {}
+                outs = [plan.choice() for _ in gens]
                 async for j, d in merge(gens):
                     counts[j] = (d.num_prompt_tokens if j == 0 else 0, d.num_output_tokens)
-                    if d.text or d.finished or d.logprobs:
-                        choice = {"index": j, "delta": {"content": d.text} if d.text else {},
-                                  "logprobs": self._chat_logprobs(d, top), "finish_reason": d.finish_reason,
+                    deltas = outs[j].feed(d.text) if d.text else []
+                    if d.finished:
+                        deltas += outs[j].finish()
+                    for delta in deltas[:-1]:  # all but the last: no logprobs, no finish
+                        yield sse({**head, "choices": [{"index": j, "delta": delta, "logprobs": None,
+                                                        "finish_reason": None}]})
+                    if deltas or d.finished or d.logprobs:
+                        reason = outs[j].finish_reason(d.finish_reason)
+                        choice = {"index": j, "delta": deltas[-1] if deltas else {},
+                                  "logprobs": self._chat_logprobs(d, top), "finish_reason": reason,
                                   "stop_reason": d.stop_reason}
                         yield sse({**head, "choices": [choice]})
                 if usage and counts:
                     yield sse({**head, "choices": [], "usage": _usage(counts.values())})
             return _stream(events())
         finals = await collect_while_connected(request, gens)
-        choices = [{"index": j, "message": {"role": "assistant", "content": d.text},
-                    "logprobs": self._chat_logprobs(d, top), "finish_reason": d.finish_reason,
-                    "stop_reason": d.stop_reason} for j, d in enumerate(finals)]
+        messages = [plan.choice().message(d.text, d.finish_reason) for d in finals]
+        choices = [{"index": j, "message": msg, "logprobs": self._chat_logprobs(d, top), "finish_reason": reason,
+                    "stop_reason": d.stop_reason} for j, (d, (msg, reason)) in enumerate(zip(finals, messages))]
         return JSONResponse({**head, "choices": choices, "usage": _usage(
             (d.num_prompt_tokens if j == 0 else 0, d.num_output_tokens) for j, d in enumerate(finals))})
 
-    def _render_chat(self, msgs: list[dict]) -> list[int]:
+    def _render_chat(self, msgs: list[dict], tools: list[dict] | None = None) -> list[int]:
         tok = self.engine.tokenizer
         if tok is None or not getattr(tok, "chat_template", None):
             raise APIError(f"the model {self.name!r} has no chat template (its tokenizer_config.json sets no "
                            "chat_template): use /v1/completions with a prompt", "messages")
         try:
-            text = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+            text = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, tokenize=False)
         except Exception as e:  # a template error is the messages' fault (e.g. roles out of order)
             raise APIError(f"the chat template failed on these messages: {e}", "messages") from None
         return list(tok.encode(text, add_special_tokens=False))
