@@ -57,7 +57,8 @@ def test_hermes_plain_text_bad_json_and_unclosed():
 
 def test_llama3_json():
     cls = get_tool_parser("llama3_json")
-    text = '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}; {"name": "get_time", "parameters": {}}'
+    text = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Rome"}}; '
+            '{"name": "get_time", "parameters": {}}')
     content, calls = cls().extract(text)
     assert content is None and [c["name"] for c in calls] == ["get_weather", "get_time"]
     assert json.loads(calls[0]["arguments"]) == {"city": "Rome"}
