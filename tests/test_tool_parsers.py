@@ -138,6 +138,8 @@ def test_required_and_named_need_structured_outputs():
         return
     plan = ChatOptions().plan({"tools": TOOLS, "tool_choice": "required"})
     assert plan.constraint.json == tool_choice_schema(TOOLS, "required")
+    with pytest.raises(APIError, match="cannot be combined with response_format"):
+        ChatOptions().plan({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}})
 
 
 def test_history_arguments_become_objects():
@@ -148,3 +150,20 @@ def test_history_arguments_become_objects():
     assert out[0]["tool_calls"][0]["function"]["arguments"] == {"tz": "UTC"} and out[1] == msgs[1]
     with pytest.raises(APIError, match="not JSON"):
         template_messages([{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}])
+
+
+def test_cli_serve_passes_the_parsers(monkeypatch):
+    from core_runner import cli
+    from core_runner.entrypoints.openai import api_server
+
+    seen = {}
+    monkeypatch.setattr(api_server, "serve", lambda engine, **kw: seen.update(kw))
+    base = ["serve", "--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "16", "--max-model-len", "64"]
+    assert cli.main(base + ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+                            "--reasoning-parser", "deepseek_r1"]) == 0
+    opts = seen["chat_options"]
+    assert (opts.tool_call_parser, opts.enable_auto_tool_choice, opts.reasoning_parser) == \
+        ("llama3_json", True, "deepseek_r1")
+    seen.clear()
+    assert cli.main(base + ["--enable-auto-tool-choice"]) == 2 and not seen  # refused before the model loads
+    assert cli.main(base + ["--tool-call-parser", "mistral"]) == 2 and not seen

@@ -24,6 +24,9 @@ from core_runner.entrypoints.openai.reasoning_parsers import get_reasoning_parse
 from core_runner.entrypoints.openai.tool_parsers import get_tool_parser, new_call_id
 
 CHOICES = ("none", "auto", "required")
+# body fields that constrain the output too (structured outputs: OpenAI's and vLLM's names)
+_CONSTRAINT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                      "guided_grammar")
 
 
 def tool_choice_schema(tools: list[dict], tool_choice: Any, parallel: bool = True) -> dict:
@@ -163,6 +166,10 @@ class ChatOptions:
             if so is None:
                 raise APIError(f"tool_choice={what} requires structured outputs, which this build does not have "
                                "(use tool_choice 'auto' or 'none')", "tool_choice")
+            other = next((k for k in _CONSTRAINT_FIELDS if body.get(k) not in (None, {"type": "text"})), None)
+            if other is not None:  # one grammar per request: the tool schema or the body's
+                raise APIError(f"tool_choice={what} constrains the output already; it cannot be combined with "
+                               f"{other}", other)
             constraint = so(json=tool_choice_schema(tools, choice, parallel))
         return ChatPlan(tools, choice, constraint, self._tool_cls if choice == "auto" else None,
                         self._reasoning_cls, parallel)
