@@ -40,8 +40,25 @@ def test_hermes_whole_and_streamed():
     for size in (1, 2, 3, 7, 1000):
         s_content, s_calls = _stream(cls, HERMES, size)
         assert s_content.strip() == content, size
-        assert [(c["name"], c["arguments"]) for c in s_calls] == [(c["name"], c["arguments"]) for c in calls]
+        assert [(c["name"], json.loads(c["arguments"])) for c in s_calls] == \
+            [(c["name"], json.loads(c["arguments"])) for c in calls]
         assert all(c["id"].startswith("chatcmpl-tool-") for c in s_calls)
+    # the arguments stream as they come: fed a token at a time, they arrive in several fragments
+    p = cls()
+    frags = [d for x in HERMES for d in p.feed(x)[1] if d["function"].get("arguments")]
+    assert len([d for d in frags if d["index"] == 0]) > 3
+    assert "".join(d["function"]["arguments"] for d in frags if d["index"] == 0) == '{"city": "Paris"}'
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_hermes_nested_and_reordered(size):
+    cls = get_tool_parser("hermes")
+    text = ('<tool_call>{"name": "f", "arguments": {"a": {"b": [1, {"c": "}{{"}]}, "d": 2}}</tool_call>'
+            '<tool_call>{"arguments": {"x": 1}, "name": "g"}</tool_call>')
+    want = [("f", {"a": {"b": [1, {"c": "}{{"}]}, "d": 2}), ("g", {"x": 1})]
+    assert [(c["name"], json.loads(c["arguments"])) for c in cls().extract(text)[1]] == want
+    content, calls = _stream(cls, text, size)
+    assert content == "" and [(c["name"], json.loads(c["arguments"])) for c in calls] == want
 
 
 def test_hermes_plain_text_bad_json_and_unclosed():

@@ -8,13 +8,17 @@
   by ``;``); an output that does not start with ``{`` is content.
 
 A block that is not valid JSON stays content (the client sees what the model wrote).
-Streamed, a call is sent when its JSON is complete: one delta with its index, id and name
-(arguments ""), then one with its arguments. Other parsers register by entry point in the
+Streamed, a call's first delta has its index, id and name (arguments ""), the next ones its
+arguments. Hermes streams them as they come once ``{"name": "...", "arguments": {`` has been
+written (the fragments are the model's own text, so they join to the JSON it wrote; a block
+that turns out broken after that has been partly sent, as in vLLM); other shapes, and
+llama3_json, send the arguments in one delta when the JSON is complete. Other parsers register by entry point in the
 group ``core_runner.tool_parsers`` (a class with ``extract``, ``feed`` and ``finish``).
 """
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from importlib.metadata import entry_points
 from typing import Any
@@ -64,6 +68,7 @@ class HermesToolParser(ToolParser):
     def __init__(self) -> None:
         super().__init__()
         self._in_call = False
+        self._open: list[int] | None = None  # the call being streamed: [index, arguments start, sent up to]
 
     @staticmethod
     def _parse(block: str) -> dict | None:
@@ -92,7 +97,7 @@ class HermesToolParser(ToolParser):
 
     def feed(self, delta: str) -> tuple[str, list[dict]]:
         self._buf += delta
-        content, calls = "", []
+        content, out = "", []
         while True:
             if not self._in_call:
                 if self.START not in self._buf:
@@ -100,28 +105,77 @@ class HermesToolParser(ToolParser):
                     piece, self._buf = self._buf[:cut], self._buf[cut:]
                     if not (self._sent and not piece.strip()):  # whitespace between calls is dropped
                         content += piece
-                    return content, self._deltas(calls)
+                    return content, out
                 before, self._buf = self._buf.split(self.START, 1)
-                if not (self._sent or calls) or before.strip():
+                if not self._sent or before.strip():
                     content += before
-                self._in_call = True
+                self._in_call, self._open = True, None
             if self.END not in self._buf:
-                return content, self._deltas(calls)
+                out += self._stream_open(self._buf, final=False)
+                return content, out
             block, self._buf = self._buf.split(self.END, 1)
             self._in_call = False
+            content += self._close(block, out)
+
+    def _stream_open(self, block: str, final: bool) -> list[dict]:
+        """Deltas of the call being written: its name once ``{"name": "...", "arguments": {``
+        has come, then its arguments as they come (held back from the last ``}``, which may
+        be the wrapper's, until ``final``)."""
+        out = []
+        if self._open is None:
+            m = _HERMES_HEAD.match(block)
+            if m is None:
+                return out
+            try:
+                name = json.loads(f'"{m.group(1)}"')
+            except ValueError:
+                return out
+            i, self._sent = self._sent, self._sent + 1
+            self._open = [i, m.end() - 1, m.end() - 1]  # index, where the arguments start, how far sent
+            out.append({"index": i, "id": new_call_id(), "type": "function",
+                        "function": {"name": name, "arguments": ""}})
+        i, start, sent = self._open
+        args = block[start:]
+        if final:  # the arguments object ends where a JSON decoder says (the wrapper's brace follows)
+            try:
+                args = args[:json.JSONDecoder().raw_decode(args)[1]]
+            except ValueError:  # broken: send what was written, less the wrapper's brace
+                args = args.rstrip().removesuffix("}")
+        elif "}" in args:
+            args = args[:args.rfind("}")]
+        end = start + len(args)
+        if end > sent:
+            out.append({"index": i, "function": {"arguments": block[sent:end]}})
+            self._open[2] = end
+        return out
+
+    def _close(self, block: str, out: list[dict]) -> str:
+        """The end of a call's block: its last deltas into ``out``; the content it gives
+        (the block itself when it is not a call and nothing of it was streamed)."""
+        if self._open is None:
             call = self._parse(block)
             if call is None:
-                content += self.START + block + self.END
-            else:
-                calls.append(call)
+                return self.START + block + self.END
+            out += self._deltas([call])
+            return ""
+        out += self._stream_open(block, final=True)
+        self._open = None
+        return ""
 
     def finish(self) -> tuple[str, list[dict]]:
         rest, self._buf = self._buf, ""
         if self._in_call:  # the output ended inside a call (no </tool_call>, e.g. EOS right after the JSON)
             self._in_call = False
-            call = self._parse(rest)
-            return ("", self._deltas([call])) if call is not None else (self.START + rest, [])
+            out: list[dict] = []
+            if self._open is None and self._parse(rest) is None:
+                return self.START + rest, []
+            self._close(rest, out)
+            return "", out
         return rest, []
+
+
+# the head of a Hermes call written name first, arguments an object: its arguments can stream
+_HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*\{')
 
 
 class Llama3JsonToolParser(ToolParser):
