@@ -63,6 +63,11 @@ def served(tmp_path_factory):
     s.stop()
 
 
+@pytest.fixture(scope="module")
+def ckpt_path(served):
+    return served[0].app.state.llm.engine.config.model
+
+
 def test_auto_tool_call_and_reasoning(served):
     _, client, script, tok = served
     script.say(OUTPUT)
@@ -149,3 +154,14 @@ def test_named_choice(served):
                                        max_tokens=80)
     assert r.choices[0].finish_reason == "tool_calls"
     assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+
+
+def test_offline_chat_gets_tools(ckpt_path):
+    out = LLM(ckpt_path, **OPTS).chat(MSGS, _greedy(1), tools=TOOLS, use_tqdm=False)[0]
+    assert '"name": "get_weather"' in out.prompt and out.prompt.endswith("<|im_start|>assistant\n")
+
+
+def _greedy(n: int):
+    from core_runner import SamplingParams
+
+    return SamplingParams(max_tokens=n, temperature=0.0)

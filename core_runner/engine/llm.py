@@ -113,11 +113,13 @@ class LLM:
         use_tqdm: bool = True,
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to one conversation (a list of ``{"role", "content"}`` messages)
         or to a list of them, rendered by the tokenizer's chat template (or
-        ``chat_template``, a Jinja string). The rendered text is tokenized without adding
-        special tokens (the template writes them) and is each output's ``prompt``."""
+        ``chat_template``, a Jinja string; ``tools``, OpenAI's function list, is given to it).
+        The rendered text is tokenized without adding special tokens (the template writes
+        them) and is each output's ``prompt``."""
         self._require_task("generate", "chat")
         tok = self.tokenizer
         if tok is None:
@@ -131,7 +133,7 @@ class LLM:
         for i, conv in enumerate(convs):
             try:
                 text = tok.apply_chat_template(list(conv), tokenize=False, chat_template=chat_template,
-                                               add_generation_prompt=add_generation_prompt)
+                                               add_generation_prompt=add_generation_prompt, tools=tools)
             except Exception as e:  # jinja's errors are not ValueErrors; name the conversation
                 raise ValueError(f"conversation {i}: the chat template failed: {type(e).__name__}: {e}") from e
             prompts.append({"prompt": text, "prompt_token_ids": tok.encode(text, add_special_tokens=False)})
