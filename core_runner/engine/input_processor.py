@@ -190,6 +190,8 @@ class InputProcessor:
                 if bad:
                     raise ValueError(f"SamplingParams.{name} token id {bad[0]} is invalid: expected ids in "
                                      f"[0, {self.vocab_size}) (the vocabulary)")
+        if params.structured_outputs is not None:  # wired in the following commits of this branch
+            raise ValueError("SamplingParams.structured_outputs is not supported by this engine yet")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"SamplingParams.stop={params.stop!r} is invalid: stop strings need a tokenizer, "
                              "and this checkpoint has none (use stop_token_ids)")
