@@ -286,6 +286,12 @@ class LLM:
                 reqs.append(make(p, i))
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from e
+        # grammars compile in the pool meanwhile; a schema xgrammar refuses is refused here, by prompt
+        for i, made in enumerate(reqs):
+            for r in made if isinstance(made, list) else [made]:
+                g = getattr(r, "structured_output", None)
+                if g is not None and g.future.exception() is not None:
+                    raise ValueError(f"prompt {i}: {g.future.exception()}")
         return reqs
 
     def _require_task(self, task: str, method: str) -> None:

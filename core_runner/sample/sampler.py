@@ -2,6 +2,7 @@
 
 Stages, in order (each a ``Stage`` object in ``SamplingState`` that owns its per-row state):
 
+  0. structured outputs' token bitmask   (-inf outside the grammar, ``bitmask.py``)
   1. logit bias and min_tokens masking    (sparse edit, ``logit_bias.py``)
   2. repetition / frequency / presence    (sparse edit, ``penalties.py``)
   3. temperature and seed                 (x = logit * 1/T, ``gumbel.py``)
@@ -28,6 +29,7 @@ from typing import Any, Callable
 
 import torch
 
+from core_runner.sample.bitmask import GrammarStage
 from core_runner.sample.gumbel import Draw, TemperatureStage, gumbel_sample_ref
 from core_runner.sample.logit_bias import LogitBiasStage
 from core_runner.sample.logprobs import LogprobsStage, LogprobTensors, gather_logprobs
@@ -68,7 +70,8 @@ class SamplingState:
         self.penalties = PenaltiesStage(num_rows, device, token_ids)
         self.logprobs = LogprobsStage(num_rows, device)
         self.prompt_logprobs = PromptLogprobsStage(num_rows, device, token_ids)
-        self.processors = (self.logit_bias, self.penalties)  # logits edits, in pipeline order
+        self.grammar = GrammarStage(num_rows, device)
+        self.processors = (self.grammar, self.logit_bias, self.penalties)  # logits edits, in pipeline order
         self.stages = (self.temperature, self.cuts, *self.processors, self.logprobs, self.prompt_logprobs)
 
     def add_request(self, row: int, req: NewRequest) -> None:
