@@ -12,11 +12,11 @@ import itertools
 import random
 from typing import Any, Callable, Mapping, Sequence
 
-from core_runner.structured_outputs.manager import StructuredOutputManager
 from core_runner.config import EngineConfig
 from core_runner.engine.request import Request
 from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 from core_runner.sampling_params import AtMost, SamplingParams
+from core_runner.structured_outputs.manager import StructuredOutputManager
 
 # vLLM's prompt forms: text, token ids, TextPrompt and TokensPrompt
 Prompt = str | Sequence[int] | Mapping[str, Any]

@@ -79,6 +79,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
+        # requests refused when admitted (a grammar that failed to compile): the engine returns them
+        self.failed_at_admission: list[Request] = []
         self._forced_preemptions: set[str] = set()
         self.num_preemptions = 0
 
@@ -261,6 +263,12 @@ class Scheduler:
                 break  # its last token is still in flight: re-add once it is known
             if req.structured_output is not None and not req.structured_output.ready():
                 break  # vLLM's WAITING_FOR_FSM: its grammar is still compiling (off this thread)
+            if req.structured_output is not None and req.structured_output.error():
+                logger.error("request %s: %s; finishing it with finish_reason='error'", req.req_id,
+                             req.structured_output.error())
+                self._finish(req, "error")
+                self.failed_at_admission.append(req)
+                continue
             if self.caching and req.num_computed_tokens == 0:
                 self._take_cached(req)
             left = req.num_tokens - req.num_computed_tokens
