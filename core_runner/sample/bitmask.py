@@ -64,6 +64,11 @@ class GrammarStage(Stage):
         super().remove_request(row)
         self.grammar[row] = None
 
+    def host_state(self) -> dict[str, Any]:
+        """Per-row mirrors only (the pending copy-out and scratch mask are per step, not per row)."""
+        return {"users": sorted(self.users), "num_prompt": list(self.num_prompt),
+                "grammar": [g is not None for g in self.grammar]}
+
     def _out_index(self, step: Step, i: int) -> int:
         return int(step.batch.seq_lens_cpu[i]) - self.num_prompt[step.rows[i]]
 
