@@ -130,6 +130,7 @@ class ModelRunner:
             handle = self._execute(out, dummy)
         if not dummy:  # structured outputs: this step's grammar tokens are fed before the next step samples
             self.sampling.grammar.track(handle)
+            self.sampling.plugins.track(handle)
         return handle
 
     def _execute(self, out: SchedulerOutput, dummy: bool) -> AsyncOutput:
