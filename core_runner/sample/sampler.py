@@ -74,7 +74,7 @@ class SamplingState:
         self.prompt_logprobs = PromptLogprobsStage(num_rows, device, token_ids)
         self.grammar = GrammarStage(num_rows, device)
         self.plugins = ProcessorStage(num_rows, device)  # plugins: core_runner.sdk.LogitsProcessor
-        self.processors = (self.grammar, self.logit_bias, self.penalties, self.plugins)  # logits edits, in pipeline order
+        self.processors = (self.grammar, self.logit_bias, self.penalties, self.plugins)  # logits edits, in order
         self.stages = (self.temperature, self.cuts, *self.processors, self.logprobs, self.prompt_logprobs)
 
     def add_request(self, row: int, req: NewRequest) -> None:
