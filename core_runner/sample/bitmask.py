@@ -63,6 +63,7 @@ class GrammarStage(Stage):
     def remove_request(self, row: int) -> None:
         super().remove_request(row)
         self.grammar[row] = None
+        self.num_prompt[row] = 0
 
     def host_state(self) -> dict[str, Any]:
         """Per-row mirrors only (the pending copy-out and scratch mask are per step, not per row)."""
