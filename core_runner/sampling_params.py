@@ -9,6 +9,9 @@ import math
 import operator
 import re
 from dataclasses import dataclass, field
+from typing import Any
+
+from core_runner.structured_outputs.params import StructuredOutputsParams
 
 # Ranges of the device tables the values are staged into (core_runner/sample/*: top_k is
 # int32, seeds and token ids int64, the float knobs float32): a value outside them would
@@ -90,6 +93,11 @@ class SamplingParams:
     ``include_stop_str_in_output`` keeps the stop string at the end of the text;
     ``skip_special_tokens`` drops special tokens from the text. ``spaces_between_special_tokens``
     is accepted at its default (True) only: the detokenizer has no other spacing.
+
+    ``structured_outputs`` (a ``StructuredOutputsParams``, or a dict of its fields) constrains
+    the output to a JSON schema, regex, choice list or grammar (docs/structured_outputs.md).
+    ``extra_args`` carries per-request arguments for logits-processor plugins, as vLLM's
+    (a dict with string keys; each processor reads its own keys).
     """
 
     max_tokens: int | None = DEFAULT_MAX_TOKENS
@@ -112,6 +120,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, valid: str) -> ValueError:
@@ -147,6 +157,12 @@ class SamplingParams:
             raise bad("stop", "expected a string or a list of non-empty strings")
         self.stop = stop
         self._check_logit_bias(bad)
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputsParams.from_value(self.structured_outputs,
+                                                                         "SamplingParams.structured_outputs")
+        if self.extra_args is not None and (not isinstance(self.extra_args, dict)
+                                            or any(not isinstance(k, str) for k in self.extra_args)):
+            raise bad("extra_args", "expected None or a dict with string keys (per-request logits processor args)")
         for name in ("logprobs", "prompt_logprobs"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 0):

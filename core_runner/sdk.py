@@ -17,6 +17,7 @@ from core_runner.config import EngineConfig
 from core_runner.draft_model import DraftModel
 from core_runner.forward_context import get_forward_context, use_triton_kernels
 from core_runner.kv_cache_spec import KVCacheSpec, PagedCacheSpec, RowStateSpec, collect_kv_cache_specs
+from core_runner.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 from core_runner.model_state import ModelState
 from core_runner.plugins import hookimpl
 from core_runner.pooling_params import POOLING_TYPES, PoolingParams
@@ -28,8 +29,8 @@ from core_runner.step_data.scheduler_output import NewRequest
 
 __version__ = SDK_VERSION
 __all__ = [
-    "SDK_VERSION", "AttentionBackend", "AttnMetadata", "DraftModel", "EngineConfig", "InputBatch", "KVCacheSpec",
-    "ModelState", "NewRequest", "POOLING_TYPES", "PagedCacheSpec", "PoolingParams", "RowStateSpec", "SamplingParams",
-    "StagedWriteTensor", "UvaBackedTensor", "collect_kv_cache_specs", "get_forward_context", "hookimpl",
-    "register_backend", "use_triton_kernels",
+    "SDK_VERSION", "AttentionBackend", "BatchUpdate", "LogitsProcessor", "MoveDirectionality", "AttnMetadata",
+    "DraftModel", "EngineConfig", "InputBatch", "KVCacheSpec", "ModelState", "NewRequest", "POOLING_TYPES",
+    "PagedCacheSpec", "PoolingParams", "RowStateSpec", "SamplingParams", "StagedWriteTensor", "UvaBackedTensor",
+    "collect_kv_cache_specs", "get_forward_context", "hookimpl", "register_backend", "use_triton_kernels",
 ]

@@ -69,6 +69,8 @@ class EngineCore:
         finished, self.carried = self.carried, []
         try:
             out = self.scheduler.schedule()
+            finished += self.scheduler.failed_at_admission
+            self.scheduler.failed_at_admission = []
             unsettled = [out, *(o for o, _ in self.in_flight)]
             if not out.is_empty or out.finished_req_ids or out.preempted_req_ids or out.new_reqs:
                 for hook in self.pre_step_hooks:

@@ -16,6 +16,7 @@ from core_runner.config import EngineConfig
 from core_runner.engine.request import Request
 from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 from core_runner.sampling_params import AtMost, SamplingParams
+from core_runner.structured_outputs.manager import StructuredOutputManager
 
 # vLLM's prompt forms: text, token ids, TextPrompt and TokensPrompt
 Prompt = str | Sequence[int] | Mapping[str, Any]
@@ -92,6 +93,7 @@ class InputProcessor:
         self.resolve_pooling = resolve_pooling
         self._seed_rng = random.Random(config.seed)
         self._ids = itertools.count()
+        self._structured: StructuredOutputManager | None = None
 
     def next_request_id(self) -> str:
         return str(next(self._ids))
@@ -117,12 +119,21 @@ class InputProcessor:
             self.validate_prompt(ids)
             params = self.fit_max_tokens(params, len(ids))
         seed = params.seed if params is not None and params.seed is not None else self._seed_rng.getrandbits(63)
+        grammar = None
+        if params is not None and params.structured_outputs is not None:
+            grammar = self.structured_outputs().request(params.structured_outputs, self.eos_token_ids)
         return Request(
             req_id=req_id if req_id is not None else self.next_request_id(), prompt_token_ids=ids,
             sampling_params=params, seed=seed, eos_token_ids=self.eos_token_ids, pooling_params=pooling_params,
             prompt=prompt_text(prompt), prefix_cacheable=prefix_cacheable(params, pooling_params),
-            speculative=speculative(params),
+            speculative=speculative(params), structured_output=grammar,
         )
+
+    def structured_outputs(self) -> StructuredOutputManager:
+        """The grammar compiler of this engine's tokenizer (built on first use)."""
+        if self._structured is None:
+            self._structured = StructuredOutputManager(self.tokenizer, self.vocab_size or len(self.tokenizer))
+        return self._structured
 
     # ---- prompts ------------------------------------------------------------------
     def tokenize(self, prompt: Prompt, truncate: int | None = None) -> list[int]:
@@ -190,6 +201,10 @@ class InputProcessor:
                 if bad:
                     raise ValueError(f"SamplingParams.{name} token id {bad[0]} is invalid: expected ids in "
                                      f"[0, {self.vocab_size}) (the vocabulary)")
+        if params.structured_outputs is not None and self.config.speculative_config is not None:
+            raise ValueError("SamplingParams.structured_outputs is not supported with speculative decoding "
+                             "(speculative_config is set): the matcher would have to roll back rejected proposals; "
+                             "serve structured requests from an engine without speculative_config")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"SamplingParams.stop={params.stop!r} is invalid: stop strings need a tokenizer, "
                              "and this checkpoint has none (use stop_token_ids)")

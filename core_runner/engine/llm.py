@@ -47,7 +47,7 @@ class LLM:
 
     def __init__(
         self, model: str, *, plugins: PluginManager | None = None,
-        memory_probe: MemoryProbe | None = None, **options: Any,
+        memory_probe: MemoryProbe | None = None, logits_processors: list | tuple = (), **options: Any,
     ) -> None:
         """``options`` are EngineConfig fields; ``memory_probe`` goes to LLMEngine (it reads
         the (free, total) memory the KV pool is sized from when ``num_kv_blocks`` is None)."""
@@ -57,7 +57,8 @@ class LLM:
             if limit is not None and limit < default:
                 options["max_model_len"] = limit
         self.config = EngineConfig(model=str(model), **options)
-        self.engine = LLMEngine(self.config, plugins=plugins, memory_probe=memory_probe)
+        self.engine = LLMEngine(self.config, plugins=plugins, memory_probe=memory_probe,
+                                logits_processors=logits_processors)
 
     @property
     def tokenizer(self) -> Any:
@@ -288,6 +289,12 @@ class LLM:
                 reqs.append(make(p, i))
             except ValueError as e:
                 raise ValueError(f"prompt {i}: {e}") from e
+        # grammars compile in the pool meanwhile; a schema xgrammar refuses is refused here, by prompt
+        for i, made in enumerate(reqs):
+            for r in made if isinstance(made, list) else [made]:
+                g = getattr(r, "structured_output", None)
+                if g is not None and g.future.exception() is not None:
+                    raise ValueError(f"prompt {i}: {g.future.exception()}")
         return reqs
 
     def _require_task(self, task: str, method: str) -> None:

@@ -40,6 +40,7 @@ from core_runner.loader import (
     resolve_model,
     resolve_tokenizer,
 )
+from core_runner.logits_processor import installed_processors, resolve_processor
 from core_runner.oracle import check_config, check_quantization, plan_execution
 from core_runner.plugins import PluginManager, load_plugins
 from core_runner.pooling_params import PoolingParams
@@ -89,8 +90,9 @@ class LLMEngine:
 
     def __init__(
         self, config: EngineConfig, plugins: PluginManager | None = None, *,
-        memory_probe: MemoryProbe | None = None,
+        memory_probe: MemoryProbe | None = None, logits_processors: list | tuple = (),
     ) -> None:
+        self._logits_processor_specs = list(logits_processors)
         self.config = config
         check_device(config.device)
         # before any weight is read: loading runs on the same threads
@@ -145,6 +147,22 @@ class LLMEngine:
             self.runner = self.executor = build_runner(spec)
             self._finish_build(memory_probe)
 
+    def _install_logits_processors(self) -> None:
+        """Every processor installed by entry point, then those given, built once (vLLM's V1 shape)."""
+        classes = installed_processors() + [resolve_processor(s) for s in self._logits_processor_specs]
+        if not classes:
+            return
+        if "generate" not in self.tasks:
+            raise ValueError(f"logits processors {[c.__name__ for c in classes]} need a generating model; "
+                             f"{self.architecture} supports {self.tasks}")
+        if self.config.speculative_config is not None:
+            raise ValueError(f"logits processors {[c.__name__ for c in classes]} are not supported with "
+                             "speculative_config: verification samples several positions of one request per step")
+        device = torch.device(self.config.device)
+        procs = [c(self.config, device, device.type == "cuda") for c in classes]
+        self.runner.sampling.plugins.processors = procs
+        logger.info("logits processors: %s", [type(p).__name__ for p in procs])
+
     def _finish_build(self, memory_probe: MemoryProbe | None) -> None:
         config = self.config
         max_pos = getattr(self.hf_config, "max_position_embeddings", None)
@@ -179,6 +197,7 @@ class LLMEngine:
             resolve_pooling=getattr(self.model_state, "resolve_pooling_params", None),
         )
         self.output_processor = OutputProcessor(self.tokenizer)
+        self._install_logits_processors()
         self.lock = threading.RLock()
         # outputs of requests added here that finished while LLM.generate was stepping the
         # engine for its own: kept for the next ``step()``, their owner's

@@ -65,6 +65,8 @@ class Request:
     # whether the proposer found proposals at the last step it ran for the request (n-gram:
     # a match; a draft model always proposes): without any, the next step does not verify
     spec_matched: bool = True
+    # structured outputs: the GrammarRequest (compile future + matcher), None without a grammar
+    structured_output: Any = None
 
     def __post_init__(self) -> None:
         sp = self.sampling_params

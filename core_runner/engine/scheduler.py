@@ -79,6 +79,8 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self._finished_ids: set[str] = set()
+        # requests refused when admitted (a grammar that failed to compile): the engine returns them
+        self.failed_at_admission: list[Request] = []
         self._forced_preemptions: set[str] = set()
         self.num_preemptions = 0
 
@@ -259,6 +261,14 @@ class Scheduler:
             req = self.waiting[0]
             if req.num_pending:
                 break  # its last token is still in flight: re-add once it is known
+            if req.structured_output is not None and not req.structured_output.ready():
+                break  # vLLM's WAITING_FOR_FSM: its grammar is still compiling (off this thread)
+            if req.structured_output is not None and req.structured_output.error():
+                logger.error("request %s: %s; finishing it with finish_reason='error'", req.req_id,
+                             req.structured_output.error())
+                self._finish(req, "error")
+                self.failed_at_admission.append(req)
+                continue
             if self.caching and req.num_computed_tokens == 0:
                 self._take_cached(req)
             left = req.num_tokens - req.num_computed_tokens
@@ -276,6 +286,7 @@ class Scheduler:
                 pooling_params=req.pooling_params, eos_token_ids=req.eos_token_ids,
                 prompt_logprobs_start=len(req.prompt_logprobs) if req.prompt_logprobs is not None else 1,
                 num_computed_tokens=req.num_computed_tokens, speculative=req.speculative and self.num_spec > 0,
+                structured_output=req.structured_output,
             ))
             self._commit(req, n, req.num_tokens, out)
             budget -= n
@@ -336,6 +347,14 @@ class Scheduler:
                 reason = self._stop_reason(req, token)
                 if reason is not None:
                     break
+            g = req.structured_output
+            if g is not None and reason is None:
+                g.sync(req.output_token_ids)
+                if g.failed:
+                    logger.error("request %s: %s; finishing it with finish_reason='error'", req_id, g.failed)
+                    reason = "error"
+                elif g.terminated:  # the grammar is complete (with ignore_eos, or no EOS token)
+                    reason = "stop"
             if reason is not None:
                 self._finish(req, reason)
                 finished.append(req)

@@ -62,6 +62,7 @@ class ModelRunner:
         )
         self.sampling = SamplingState(self.req_state.num_rows, self.device, self.req_state.tables()["token_ids"])
         self.sampler_triton = triton_kernels
+        self.sampling.grammar.use_triton = triton_kernels
         self.generates = "generate" in model_state.supported_tasks
         self.kv_caches: dict[str, Any] = {}
         self.graphs = None
@@ -126,7 +127,11 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput, dummy: bool = False) -> AsyncOutput:
         with use_tp_group(self.tp_group):
-            return self._execute(out, dummy)
+            handle = self._execute(out, dummy)
+        if not dummy:  # structured outputs: this step's grammar tokens are fed before the next step samples
+            self.sampling.grammar.track(handle)
+            self.sampling.plugins.track(handle)
+        return handle
 
     def _execute(self, out: SchedulerOutput, dummy: bool) -> AsyncOutput:
         if dummy:

@@ -2,8 +2,10 @@
 
 Stages, in order (each a ``Stage`` object in ``SamplingState`` that owns its per-row state):
 
+  0. structured outputs' token bitmask   (-inf outside the grammar, ``bitmask.py``)
   1. logit bias and min_tokens masking    (sparse edit, ``logit_bias.py``)
   2. repetition / frequency / presence    (sparse edit, ``penalties.py``)
+  2b. logits-processor plugins            (``processors.py``; none installed: skipped)
   3. temperature and seed                 (x = logit * 1/T, ``gumbel.py``)
   4. min-p, top-k, top-p                  (one threshold per row, ``top_k_top_p.py``)
   5. Gumbel-Max                           (argmax(x + noise) over x >= threshold)
@@ -28,10 +30,12 @@ from typing import Any, Callable
 
 import torch
 
+from core_runner.sample.bitmask import GrammarStage
 from core_runner.sample.gumbel import Draw, TemperatureStage, gumbel_sample_ref
 from core_runner.sample.logit_bias import LogitBiasStage
 from core_runner.sample.logprobs import LogprobsStage, LogprobTensors, gather_logprobs
 from core_runner.sample.penalties import PenaltiesStage
+from core_runner.sample.processors import ProcessorStage
 from core_runner.sample.prompt_logprobs import PromptLogprobsStage
 from core_runner.sample.stage import Step
 from core_runner.sample.top_k_top_p import Cuts, CutStage, top_k_top_p_threshold_ref
@@ -68,7 +72,9 @@ class SamplingState:
         self.penalties = PenaltiesStage(num_rows, device, token_ids)
         self.logprobs = LogprobsStage(num_rows, device)
         self.prompt_logprobs = PromptLogprobsStage(num_rows, device, token_ids)
-        self.processors = (self.logit_bias, self.penalties)  # logits edits, in pipeline order
+        self.grammar = GrammarStage(num_rows, device)
+        self.plugins = ProcessorStage(num_rows, device)  # plugins: core_runner.sdk.LogitsProcessor
+        self.processors = (self.grammar, self.logit_bias, self.penalties, self.plugins)  # logits edits, in order
         self.stages = (self.temperature, self.cuts, *self.processors, self.logprobs, self.prompt_logprobs)
 
     def add_request(self, row: int, req: NewRequest) -> None:

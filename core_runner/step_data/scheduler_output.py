@@ -33,6 +33,8 @@ class NewRequest:
     num_computed_tokens: int = 0
     # speculative decoding: its settings allow verifying proposals (the runner proposes for it)
     speculative: bool = False
+    # structured outputs: the request's GrammarRequest (core_runner/structured_outputs), None without
+    structured_output: object | None = None
 
 
 @dataclass(slots=True)

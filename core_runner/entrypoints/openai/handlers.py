@@ -8,6 +8,7 @@ error event instead of a broken connection.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
 import logging
@@ -24,6 +25,7 @@ from core_runner.entrypoints.openai import protocol as P
 from core_runner.entrypoints.openai.protocol import APIError
 from core_runner.entrypoints.openai.request_body import read_json
 from core_runner.entrypoints.openai.streams import StartError, collect_while_connected, merge, sse, start_all
+from core_runner.entrypoints.openai.structured_body import structured_outputs_of
 from core_runner.entrypoints.openai.tools import ChatOptions, template_messages
 
 logger = logging.getLogger(__name__)
@@ -76,6 +78,24 @@ class Handlers:
         return await self._start(request, body, len(prompts) * n, start_one, prompt_param,
                                  lambda k: k // n if len(prompts) > 1 else None)
 
+    async def _constrain(self, body: dict, params):
+        """The body's structured-output constraint on ``params``; its grammar is compiled (in the
+        engine's compile pool, cached) before the request is queued, so a schema xgrammar refuses
+        is a 400 naming the field, and the engine thread never waits for a compile."""
+        so = structured_outputs_of(body)
+        if so is None:
+            return params
+        params = dataclasses.replace(params, structured_outputs=so)
+        await self._compile(so, "response_format" if "response_format" in body else "structured_outputs")
+        return params
+
+    async def _compile(self, so, param: str) -> None:
+        try:
+            g = self.engine.input_processor.structured_outputs().request(so, ())
+            await asyncio.wrap_future(g.future)
+        except ValueError as e:
+            raise APIError(str(e), param) from None
+
     # ---- /v1/completions ------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
         body = await self.body(request)
@@ -84,6 +104,7 @@ class Handlers:
         prompts = P.completion_prompts(body)
         stream, usage = P.stream_options(body)
         params, _ = P.sampling_params(body, self.engine.default_sampling_params(), chat=False)
+        params = await self._constrain(body, params)
         gens = await self._start_choices(request, body, prompts, params, "prompt")
         rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": "text_completion", "created": created, "model": self.name}
@@ -122,12 +143,14 @@ class Handlers:
     async def chat(self, request: Request) -> Response:
         body = await self.body(request)
         self.require("generate")
-        P.check_unsupported(body, ("response_format",))
         plan = self.chat_options.plan(body)  # tools, tool_choice, reasoning: tools.py
         msgs = P.chat_messages(body)
         stream, usage = P.stream_options(body)
         params, given = P.sampling_params(body, self.engine.default_sampling_params(), chat=True)
+        params = await self._constrain(body, params)
         params = plan.sampling(params)
+        if plan.constraint is not None:  # a tool schema xgrammar refuses is a 400 too
+            await self._compile(plan.constraint, "tools")
         ids = self._render_chat(template_messages(msgs), plan.tools)
         if not given:  # the rest of the context, as vLLM does
             room = self.engine.config.max_model_len - len(ids)

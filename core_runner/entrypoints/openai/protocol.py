@@ -32,8 +32,7 @@ _FLOATS = {"temperature": "temperature", "top_p": "top_p", "min_p": "min_p",
            "repetition_penalty": "repetition_penalty"}
 _INTS = {"top_k": "top_k", "seed": "seed", "min_tokens": "min_tokens"}
 # refused rather than silently ignored: the client would get something other than it asked for
-_UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
-                "tool_choice": (None, "none"), "response_format": (None,)}
+_UNSUPPORTED = {"best_of": (None, 1), "echo": (None, False), "suffix": (None, "")}
 _SP_FIELDS = {f.name for f in dataclasses.fields(SamplingParams)}
 
 
