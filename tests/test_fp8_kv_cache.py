@@ -6,12 +6,11 @@ import pytest
 import torch
 from helpers import make_engine, random_prompts
 
-from core_runner.conformance.harness import Recorder, greedy, run
-from core_runner.conformance.options_kv import LOGIT_REL_TOL
-
 from core_runner import LLM
 from core_runner.attention.torch_backend import paged_attention_ref, write_kv_ref
 from core_runner.config import EngineConfig
+from core_runner.conformance.harness import Recorder, greedy, run
+from core_runner.conformance.options_kv import LOGIT_REL_TOL
 from core_runner.kv_cache_dtype import quantize_ref
 
 

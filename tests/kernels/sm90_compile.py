@@ -133,8 +133,8 @@ def attention_cases() -> dict:
     """MLA decode at the DeepSeek-V2-Lite shape (16 heads, L 512, R 64, block 16, bf16) and
     paged attention at Qwen3-0.6B's (16 q / 8 kv heads, D 128): decode, split decode and a
     prefill batch, launched with the GPU's pipeline depth (the CPU default is 1 stage)."""
-    from core_runner.kernels.mla_attention_triton import mla_attention_triton
     from core_runner.kernels.kv_write_triton import write_kv_triton
+    from core_runner.kernels.mla_attention_triton import mla_attention_triton
     from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
     reqs, heads, lora, rope, bs = 8, 16, 512, 64, 16
