@@ -74,3 +74,19 @@ def test_refused_by_name_for_a_family_without_the_capability(untied):
     cfg = EngineConfig(model=str(untied.path), kv_cache_dtype="fp8")
     with pytest.raises(UnsupportedError, match="kv_cache_dtype='fp8'.*not applicable: attention-free"):
         check_kv_cache_dtype(cfg, reg)
+
+
+def test_fp8_cache_with_prefix_hits_and_ngram_speculation(untied):
+    """A prefix hit reads the first request's fp8 blocks and gives the tokens a miss gives;
+    n-gram speculation over an fp8 cache gives the tokens plain decoding over it gives."""
+    prompt = (random_prompts([6], seed=5)[0] * 3)[:16]  # repeats: the n-gram proposer finds matches
+    plain = make_engine(untied, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    want = run(plain, [("a", prompt, greedy(6))])["a"].token_ids
+    cached = make_engine(untied, kv_cache_dtype="fp8")
+    first = run(cached, [("a", prompt, greedy(6))])["a"].token_ids
+    again = run(cached, [("b", prompt, greedy(6))])["b"].token_ids
+    assert cached.scheduler.prefix_cache_hits > 0 and list(first) == list(again) == list(want)
+    spec = make_engine(untied, kv_cache_dtype="fp8", enable_prefix_caching=False,
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                           "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    assert list(run(spec, [("c", prompt, greedy(6))])["c"].token_ids) == list(want)
