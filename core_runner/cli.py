@@ -16,7 +16,7 @@ from core_runner.bench.shapes import SHAPES  # names only: the module imports no
 _ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config", "revision",
                  "tokenizer_revision", "tensor_parallel_size", "nnodes", "master_addr", "master_port",
-                 "speculative_config", "max_cudagraph_capture_size")
+                 "speculative_config", "max_cudagraph_capture_size", "kv_cache_dtype")
 
 
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -79,6 +79,8 @@ def _add_engine_args(p: argparse.ArgumentParser) -> None:
                    help="vLLM's JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 3}' (default: off)")
     p.add_argument("--max-cudagraph-capture-size", type=int, default=None,
                    help="largest step, in tokens, replayed from a CUDA graph; larger steps run eagerly (default: 1024)")
+    p.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                   help="KV cache entries: the model's dtype or fp8 (docs/fp8_kv_cache.md; default: auto)")
     p.add_argument("--strict", action="store_true", help="turn every plan downgrade and plugin fault into an error")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO (the chosen defaults)")
 
@@ -349,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--enforce-eager", action="store_true")
     b.add_argument("--max-cudagraph-capture-size", type=int, default=None,
                    help="largest step, in tokens, replayed from a CUDA graph (default: the engine's, 1024)")
+    b.add_argument("--kv-cache-dtype", default=None, choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                   help="fp8: an fp8 KV cache (docs/fp8_kv_cache.md; default: auto)")
     b.add_argument("--tensor-parallel-size", "-tp", type=int, default=None, help="(default: 1)")
     b.add_argument("--load-format", default=None, choices=["auto", "safetensors", "dummy"],
                    help="dummy: random weights, only config.json is read (default: auto)")

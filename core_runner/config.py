@@ -16,6 +16,8 @@ _DTYPES = ("float32", "float16", "bfloat16", "auto")
 _KERNELS = (None, "torch", "triton")
 _GENERATION_CONFIGS = ("auto", "vllm")
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
+# vLLM's names: "fp8" is e4m3 (the format of checkpoint k_scale / v_scale); e5m2 needs no scale
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 _GIB = 1 << 30
 DEFAULT_BLOCK_SIZE = 16
 # A GPU this large holds the batch the bench found best on an H200 (1,024 / 8,192 gave
@@ -155,7 +157,10 @@ class EngineConfig:
     config.json (benchmarks of shapes without a checkpoint). ``max_cudagraph_capture_size``
     (vLLM's name; vLLM keeps it in its compilation config, which this engine does not have)
     is the largest batch, in tokens, replayed from a CUDA graph; None is 1024, and larger
-    batches (prefill steps) run eagerly. ``trust_remote_code`` exists so that vLLM
+    batches (prefill steps) run eagerly. ``kv_cache_dtype`` (vLLM's option): "auto" keeps K/V
+    in the model's dtype; "fp8" (= "fp8_e4m3") and "fp8_e5m2" store them as 8-bit floats
+    with a per-layer k/v scale (docs/fp8_kv_cache.md), for families declaring
+    ``kv_cache_dtype:fp8``: the pool holds twice the tokens. ``trust_remote_code`` exists so that vLLM
     scripts passing False run unchanged; True is refused, since core-runner never runs
     a checkpoint's own Python code (a model family is a plugin).
     """
@@ -193,6 +198,7 @@ class EngineConfig:
     speculative_config: Any = None
     load_format: str = "auto"
     max_cudagraph_capture_size: int | None = None
+    kv_cache_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -260,6 +266,9 @@ class EngineConfig:
                       "plugin (core-runner plugins lists them)")
         if not isinstance(self.max_logprobs, int) or self.max_logprobs < 0:
             raise bad("max_logprobs", self.max_logprobs, "expected an integer >= 0")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise bad("kv_cache_dtype", self.kv_cache_dtype, f"expected one of {KV_CACHE_DTYPES} (vLLM's names; "
+                      "'fp8' is 'fp8_e4m3')")
         v = self.max_cudagraph_capture_size
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise bad("max_cudagraph_capture_size", v, "expected an integer >= 1 or None (1024)")

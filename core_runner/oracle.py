@@ -20,6 +20,7 @@ from typing import Any
 
 from core_runner.attention.registry import backend_class, backend_names, backends_with
 from core_runner.config import EngineConfig
+from core_runner.kv_cache_dtype import CAPABILITY as KV_FP8
 from core_runner.quantization import quantization_from_config
 from core_runner.registry import Registration
 
@@ -102,6 +103,21 @@ def check_parallel(config: EngineConfig, reg: Registration) -> None:
             )
 
 
+def check_kv_cache_dtype(config: EngineConfig, reg: Registration) -> None:
+    """Refuse an fp8 ``kv_cache_dtype`` for a family that does not declare ``kv_cache_dtype:fp8``
+    (its layers may keep K/V outside the paged caches the runner casts; an attention-free
+    family declares it "not applicable" and is refused with that reason)."""
+    if config.kv_cache_dtype == "auto":
+        return
+    cap = reg.capability(KV_FP8)
+    if not cap.supported:
+        raise UnsupportedError(
+            f"kv_cache_dtype={config.kv_cache_dtype!r} needs the {KV_FP8} capability, which {reg.architecture} "
+            f"(plugin {reg.plugin!r}) declares {cap.state}{': ' + cap.reason if cap.reason else ''}; use "
+            "kv_cache_dtype='auto'"
+        )
+
+
 def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
     downgrades: list[str] = []
 
@@ -113,6 +129,7 @@ def plan_execution(config: EngineConfig, reg: Registration) -> ExecutionPlan:
         downgrades.append(line)
 
     check_parallel(config, reg)
+    check_kv_cache_dtype(config, reg)
     # None (the default) means on for a family that supports it, as vLLM does
     prefix = reg.capability("prefix_caching")
     prefix_caching = config.enable_prefix_caching is not False and prefix.supported

@@ -24,6 +24,7 @@ CAPABILITIES = (
     "chunked_prefill", "cuda_graphs", "async_scheduling", "prefix_caching", "triton_attention",
     # loads checkpoints with quantization_config.quant_method "fp8" (core_runner.quantization)
     "quantization:fp8",
+    "kv_cache_dtype:fp8",
     # runs with tensor_parallel_size > 1 (its layers split across ranks: core_runner.layers)
     "tensor_parallel",
     # its MoE layers can hold whole experts per rank (enable_expert_parallel=True)
@@ -37,7 +38,7 @@ STATES = ("supported", "unsupported", "xfail", "not applicable")
 # act on in it (the Triton attention backend in a model without attention layers), so the
 # oracle neither uses nor downgrades anything for it and the suite checks the claim instead
 # of the feature; any other capability that a family lacks is "unsupported" (refused)
-MAY_NOT_APPLY = ("triton_attention",)
+MAY_NOT_APPLY = ("triton_attention", "kv_cache_dtype:fp8")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def test_parse():
     cap = Capability.parse("triton_attention", "not applicable: attention-free")
     assert (cap.state, cap.reason, cap.supported, cap.not_applicable) == ("not applicable", "attention-free",
                                                                          False, True)
-    with pytest.raises(ValueError, match="only triton_attention may be declared 'not applicable'"):
+    with pytest.raises(ValueError, match="only triton_attention, kv_cache_dtype:fp8 may be declared 'not applicable'"):
         Capability.parse("cuda_graphs", "not applicable: no graphs")
     with pytest.raises(ValueError, match="is invalid"):
         Capability.parse("triton_attention", "not applicable")  # a reason is required

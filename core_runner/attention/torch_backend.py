@@ -9,16 +9,23 @@ import torch
 
 from core_runner.attention.backend import AttentionBackend, AttnMetadata
 from core_runner.attention.options import ATTENTION_FEATURES, AttentionOptions
+from core_runner.kv_cache_dtype import is_fp8, quantize_ref
+
+
+def _raw(t: torch.Tensor) -> torch.Tensor:
+    """An fp8 tensor as bytes: torch's CPU index kernels have no fp8 versions."""
+    return t.view(torch.uint8) if is_fp8(t.dtype) else t
 
 
 def write_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """kv_cache: [2, num_blocks, block_size, kv_heads, head_size]; slots < 0 are skipped."""
-    flat = kv_cache.view(kv_cache.shape[0], -1, kv_cache.shape[3], kv_cache.shape[4])
+    """kv_cache: [2, num_blocks, block_size, kv_heads, head_size]; slots < 0 are skipped.
+    An fp8 cache stores the values saturated to its range (``kv_cache_dtype.quantize_ref``)."""
+    flat = _raw(kv_cache).view(kv_cache.shape[0], -1, kv_cache.shape[3], kv_cache.shape[4])
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    flat[0].index_copy_(0, slots, k[keep].to(kv_cache.dtype))
+    flat[0].index_copy_(0, slots, _raw(quantize_ref(k[keep], kv_cache.dtype)))
     if kv_cache.shape[0] > 1:
-        flat[1].index_copy_(0, slots, v[keep].to(kv_cache.dtype))
+        flat[1].index_copy_(0, slots, _raw(quantize_ref(v[keep], kv_cache.dtype)))
 
 
 def gather_context(part: torch.Tensor, block_table: torch.Tensor, seq_len: int, start: int = 0) -> torch.Tensor:
@@ -26,7 +33,8 @@ def gather_context(part: torch.Tensor, block_table: torch.Tensor, seq_len: int, 
     ``start`` is a multiple of the block size, and no block before it is read."""
     bs = part.shape[1]
     nblk = -(-seq_len // bs)
-    return part[block_table[start // bs:nblk].long()].reshape(-1, part.shape[2], part.shape[3])[:seq_len - start]
+    got = _raw(part)[block_table[start // bs:nblk].long()].reshape(-1, part.shape[2], part.shape[3])[:seq_len - start]
+    return got.view(part.dtype)
 
 
 def paged_attention_ref(

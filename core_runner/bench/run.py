@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 # with --best-settings, since the engine's defaults are what a user gets.
 BEST_SETTINGS = {"max_num_seqs": 1024, "max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.8}
 _TUNABLE = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "gpu_memory_utilization",
-            "tensor_parallel_size", "max_cudagraph_capture_size")
+            "tensor_parallel_size", "max_cudagraph_capture_size", "kv_cache_dtype")
 
 
 def engine_settings(args) -> tuple[dict, str]:
@@ -316,7 +316,7 @@ def _bench_workload(model: str, name: str, args, opts: dict, source: str, prefix
                        "gpu_memory_utilization": c.gpu_memory_utilization,
                        "kv_cache_memory_fraction": c.kv_cache_memory_fraction,
                        "tensor_parallel_size": c.tensor_parallel_size,
-                       "max_cudagraph_capture_size": c.max_cudagraph_capture_size,
+                       "max_cudagraph_capture_size": c.max_cudagraph_capture_size, "kv_cache_dtype": c.kv_cache_dtype,
                        "enable_expert_parallel": c.enable_expert_parallel,
                        "num_kv_blocks": llm.engine.num_blocks}
     mem = llm.engine.memory_report()

@@ -446,5 +446,6 @@ def _kernels(ctx: Ctx) -> str:
 
 
 # probes of where the checkpoint comes from and of the parallelism options
+import core_runner.conformance.options_kv  # noqa: E402, F401
 import core_runner.conformance.options_parallel  # noqa: E402, F401
 import core_runner.conformance.options_sources  # noqa: E402, F401

@@ -5,12 +5,16 @@ and every head vector is a contiguous run in both source and cache, so the store
 are coalesced. A slot < 0 (padding) turns the whole program into masked no-ops
 instead of a branch, which keeps it free of host reads and safe in CUDA graphs.
 Addresses are formed in int64 because a large cache exceeds 2**31 elements.
+An fp8 cache (``kv_cache_dtype``, docs/fp8_kv_cache.md) gets values saturated to the
+format's finite range first: a cast of an out-of-range value to e4m3fn gives NaN.
 """
 from __future__ import annotations
 
 import torch
 import triton
 import triton.language as tl
+
+from core_runner.kv_cache_dtype import saturation
 
 
 @triton.jit
@@ -24,6 +28,7 @@ def _write_kv_kernel(
     HEAD_TILE: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_V: tl.constexpr,
+    SAT: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HEAD_TILE + tl.arange(0, HEAD_TILE)
@@ -35,9 +40,13 @@ def _write_kv_kernel(
     # For slot < 0 the address below is bogus but never touched (fully masked).
     dst = (slot // BLOCK_SIZE) * s_cb + (slot % BLOCK_SIZE) * s_co + h[:, None] * s_ch + d[None, :] * s_cd
     k = tl.load(k_ptr + tok * s_kt + h[:, None] * s_kh + d[None, :] * s_kd, mask=mask)
+    if SAT > 0:
+        k = tl.minimum(tl.maximum(k.to(tl.float32), -SAT), SAT)
     tl.store(kc_ptr + dst, k.to(kc_ptr.dtype.element_ty), mask=mask)
     if HAS_V:
         v = tl.load(v_ptr + tok * s_vt + h[:, None] * s_vh + d[None, :] * s_vd, mask=mask)
+        if SAT > 0:
+            v = tl.minimum(tl.maximum(v.to(tl.float32), -SAT), SAT)
         tl.store(vc_ptr + dst, v.to(vc_ptr.dtype.element_ty), mask=mask)
 
 
@@ -73,5 +82,5 @@ def write_kv_triton(
         v.stride(0), v.stride(1), v.stride(2),
         kc.stride(0), kc.stride(1), kc.stride(2), kc.stride(3),
         BLOCK_SIZE=block_size, HEAD_TILE=head_tile, BLOCK_D=block_d, HAS_V=has_v,
-        num_warps=4,
+        SAT=saturation(kv_cache.dtype), num_warps=4,
     )

@@ -17,6 +17,7 @@ from core_runner.config import EngineConfig
 from core_runner.distributed import get_tp_group, use_tp_group
 from core_runner.forward_context import set_forward_context
 from core_runner.kernels.input_prep import post_update_ref, prepare_inputs_ref
+from core_runner.kv_cache_dtype import apply_kv_cache_dtype
 from core_runner.kv_cache_groups import plan_kv_cache_layout
 from core_runner.kv_cache_spec import KVCacheSpec, PagedCacheSpec, RowStateSpec
 from core_runner.model_state import ModelState
@@ -97,7 +98,9 @@ class ModelRunner:
     def cache_specs(self) -> list[KVCacheSpec]:
         """Every cache to allocate: the ModelState's, then the draft model's (``drafter.``)."""
         specs = self.model_state.kv_cache_specs()
-        return specs + self.drafter.cache_specs() if self.drafter is not None else specs
+        specs = specs + self.drafter.cache_specs() if self.drafter is not None else specs
+        # kv_cache_dtype (fp8): the layers and kernels read the dtype off the cache tensor
+        return apply_kv_cache_dtype(specs, self.config.kv_cache_dtype)
 
     def _bind_kv_groups(self) -> None:
         """Tell each paged layer its KV cache group (it reads that group's block table)."""

@@ -33,7 +33,8 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import JITFunction
 
 _PTR = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int64: "*i64",
-        torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1"}
+        torch.int32: "*i32", torch.int8: "*i8", torch.uint8: "*u8", torch.bool: "*i1",
+        torch.float8_e4m3fn: "*fp8e4nv", torch.float8_e5m2: "*fp8e5"}
 
 
 def _compile_launch(fn: JITFunction, args: tuple, kwargs: dict) -> str:
@@ -132,6 +133,7 @@ def attention_cases() -> dict:
     """MLA decode at the DeepSeek-V2-Lite shape (16 heads, L 512, R 64, block 16, bf16) and
     paged attention at Qwen3-0.6B's (16 q / 8 kv heads, D 128): decode, split decode and a
     prefill batch, launched with the GPU's pipeline depth (the CPU default is 1 stage)."""
+    from core_runner.kernels.kv_write_triton import write_kv_triton
     from core_runner.kernels.mla_attention_triton import mla_attention_triton
     from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
@@ -149,6 +151,7 @@ def attention_cases() -> dict:
     qp = torch.randn(4 * 32, 16, 128).bfloat16()
     qslp = torch.arange(0, 4 * 32 + 1, 32, dtype=torch.int32)
     paged = (kv, qsl, lens, bt, 0.088)
+    kv8 = kv.to(torch.float8_e4m3fn)
     return {
         "paged_decode": lambda: paged_attention_triton(q1, *paged, max_query_len=1, max_seq_len=128, num_splits=1,
                                                        config=gpu),
@@ -166,6 +169,16 @@ def attention_cases() -> dict:
         "mla": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=1, config=gpu),
         "mla_split": lambda: mla_attention_triton(*args, max_query_len=1, max_seq_len=128, num_splits=4,
                                                   config=gpu),
+        # kv_cache_dtype="fp8": an e4m3 cache read by bf16 queries, and the saturating write
+        "fp8kv_decode": lambda: paged_attention_triton(q1, kv8, *paged[1:], max_query_len=1, max_seq_len=128,
+                                                       num_splits=1, config=gpu),
+        "fp8kv_split": lambda: paged_attention_triton(q1, kv8, *paged[1:], max_query_len=1, max_seq_len=128,
+                                                      num_splits=4, config=gpu),
+        "fp8kv_prefill": lambda: paged_attention_triton(qp, kv8, qslp, lens[:4], bt[:4], 0.088, max_query_len=32,
+                                                        max_seq_len=100, config=gpu),
+        "fp8kv_write": lambda: write_kv_triton(kv8, q1[:, :8], q1[:, 8:], torch.arange(reqs)),
+        "fp8kv_mla": lambda: mla_attention_triton(q_c, q_pe, cache.to(torch.float8_e4m3fn), *args[3:],
+                                                  max_query_len=1, max_seq_len=128, num_splits=4, config=gpu),
     }
 
 

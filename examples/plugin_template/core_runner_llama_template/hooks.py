@@ -26,6 +26,7 @@ def register_models(registry):
             "cuda_graphs": "supported",
             "async_scheduling": "supported",
             "triton_attention": "supported",
+            "kv_cache_dtype:fp8": "supported",
             "prefix_caching": "supported",
             # built from the column-/row-parallel layers (model.py), so it splits across ranks
             "tensor_parallel": "supported",

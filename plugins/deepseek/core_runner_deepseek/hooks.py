@@ -14,6 +14,7 @@ CAPABILITIES = {
     # the latent cache is paged like any KV cache: its blocks are shared like theirs
     "prefix_caching": "supported",
     "triton_attention": "supported",
+    "kv_cache_dtype:fp8": "supported",
     # DeepSeek-V3's own block-fp8 checkpoints: weights dequantized at load
     "quantization:fp8": "supported",
     # MLA heads, the dense / shared MLPs and the vocabulary split across ranks (the latent

@@ -14,6 +14,7 @@ CAPABILITIES = {
     # windows only mask: every block stays in the table, so a prefix hit finds the window's blocks
     "prefix_caching": "supported",
     "triton_attention": "supported",
+    "kv_cache_dtype:fp8": "supported",
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # dense: no MoE layers
     "speculative_decoding": "supported",

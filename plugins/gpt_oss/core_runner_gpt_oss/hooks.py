@@ -19,6 +19,7 @@ CAPABILITIES = {
     "async_scheduling": "supported",
     "prefix_caching": "supported",
     "triton_attention": "supported",
+    "kv_cache_dtype:fp8": "supported",
     # heads (with their sinks), expert intermediates (with their biases), vocabulary
     "tensor_parallel": "supported",
     # whole experts (and their biases) per rank: FusedMoE's expert parallelism

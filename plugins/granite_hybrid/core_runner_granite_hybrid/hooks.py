@@ -22,6 +22,7 @@ CAPABILITIES = {
     # named downgrade
     "prefix_caching": "unsupported",
     "triton_attention": "supported",
+    "kv_cache_dtype:fp8": "supported",
     # attention and Mamba heads, MLP and expert intermediates, vocabulary split across ranks
     "tensor_parallel": "supported",
     # whole experts per rank (FusedMoE)

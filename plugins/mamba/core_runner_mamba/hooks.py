@@ -16,6 +16,7 @@ CAPABILITIES = {
     "prefix_caching": "unsupported",
     # no attention layer: no attention backend is ever called (the suite checks the claim)
     "triton_attention": "not applicable: attention-free (no attention layer, no paged KV cache)",
+    "kv_cache_dtype:fp8": "not applicable: attention-free (no KV cache to store in fp8)",
     # Mamba heads split across ranks, B / C groups split or replicated, vocabulary split
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers

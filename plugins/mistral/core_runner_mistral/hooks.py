@@ -12,6 +12,7 @@ CAPABILITIES = {
     # the window only masks: every block stays in the table, so a prefix hit finds the window's blocks
     "prefix_caching": "supported",
     "triton_attention": "supported",
+    "kv_cache_dtype:fp8": "supported",
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # dense: no MoE layers
     "speculative_decoding": "supported",

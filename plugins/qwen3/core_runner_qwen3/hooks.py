@@ -12,6 +12,7 @@ CAPABILITIES = {
     "async_scheduling": "supported",
     "prefix_caching": "supported",
     "triton_attention": "supported",
+    "kv_cache_dtype:fp8": "supported",
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers
     "speculative_decoding": "supported",
