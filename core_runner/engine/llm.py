@@ -307,7 +307,8 @@ class LLM:
 
     def _require_task(self, task: str, method: str) -> None:
         if task not in self.engine.tasks:
-            methods = [f"LLM.{t}()" for t in self.engine.tasks if t in ("generate", "embed", "classify", "score", "reward")]
+            methods = [f"LLM.{t}()" for t in self.engine.tasks
+                       if t in ("generate", "embed", "classify", "score", "reward")]
             hint = f"; use {' or '.join(methods)}" if methods else ""
             raise ValueError(
                 f"LLM.{method}() needs a model with task {task!r}, but {self.engine.architecture} "
