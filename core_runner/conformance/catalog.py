@@ -120,7 +120,9 @@ CHECKS: tuple[Check, ...] = (
        "Reward scores (LLM.reward: the head's logits, raw by default; activated with use_activation=True) equal the "
        "reference head's within 1e-4 raw and 1e-5 activated (float32): one row of num_labels at the last token for "
        "a sequence head, one per prompt token for a per-token head; over CR-EQ-15's workload (mixed lengths, "
-       "chunks of 5 and 7 tokens where supported, rows freed by longer requests).", task="reward"),
+       "chunks of 5 and 7 tokens where supported, rows freed by longer requests) and, for a model that also "
+       "classifies, in one batch mixing reward and classify requests, each with its task's default activation "
+       "(CR-EQ-15 runs the same mix).", task="reward"),
     _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
        "Field sensitivity: every field of the reference config (numbers, bools, strings with the values the "
        "reference's source compares them with, lists of layer kinds or indices, nested RoPE parameters and kinds, "

@@ -139,4 +139,39 @@ def _matches_reference(ctx: Ctx, task: str) -> None:
                  f"request used before it (rows: longest request so far {longest})")
     _vs_reference(ctx, shorts, act, got, where, [w.chunks.get(rid, []) for rid in ids])
     notes.append(f"{len(shorts)} requests in rows freed by longer ones")
+    others = [t for t in ("classify", "reward") if t != task and t in ctx.registration.tasks]
+    if others:
+        notes.append(_mixed_tasks(ctx, task, others[0]))
     ctx.note("; ".join(notes))
+
+
+def _mixed_tasks(ctx: Ctx, task: str, other: str) -> str:
+    """Requests of two tasks of one model queued together (one step when the budget allows),
+    each with that task's default activation, against the reference."""
+    from core_runner import PoolingParams
+
+    llm = ctx.llm(**NO_CACHE)
+    prompts = ctx.ref.prompts(LENGTHS, seed=317)
+    tasks = [task if i % 2 == 0 else other for i in range(len(prompts))]
+    ids = [llm.engine.add_request({"prompt_token_ids": p}, pooling_params=PoolingParams(task=t))
+           for p, t in zip(prompts, tasks)]
+    done: dict[str, Any] = {}
+    for _ in range(10 * len(prompts) + 10):
+        for o in llm.engine.step():
+            done[o.request_id] = o
+        if not llm.engine.has_unfinished_requests():
+            break
+    where = f"a batch mixing tasks {task!r} and {other!r}"
+    for i, (rid, p, t) in enumerate(zip(ids, prompts, tasks)):
+        o = done.get(rid)
+        if o is None or o.finish_reason != "stop" or o.outputs is None:
+            fail(f"{where}: prompt {i} (task {t!r}) did not finish normally: {o!r}"[:400])
+        activate = PoolingParams(task=t).activate
+        want = reference_output(ctx, p, activate)
+        got = o.outputs.data.float().cpu()
+        err = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
+        atol = PROB_ATOL if activate else LOGIT_ATOL
+        if not err <= atol:
+            fail(f"{where}: prompt {i} (length {len(p)}, task {t!r}, activation {'on' if activate else 'off'}) "
+                 f"differs from the reference by {err:.3g} > {atol:g}")
+    return f"{len(prompts)} requests mixing tasks {task} and {other} in one batch"
