@@ -1,8 +1,10 @@
 """PoolingParams: per-request settings of a pooling request, validated on construction.
 
 ``task``: what the request asks for (vLLM's ``PoolingParams.task``): ``"embed"``
-  (one vector), ``"classify"`` (class probabilities) or ``"score"`` (a pair's relevance);
-  ``None`` means the model's first task. ``LLM.embed`` / ``classify`` / ``score`` set it.
+  (one vector), ``"classify"`` (class probabilities), ``"score"`` (a pair's relevance) or
+  ``"reward"`` (a reward model's raw scores: one per label at the last token, or one row
+  per prompt token for a per-token reward head); ``None`` means the model's first task.
+  ``LLM.embed`` / ``classify`` / ``score`` / ``reward`` set it.
 ``pooling_type``: how one vector is made from a prompt's final hidden states.
   ``None``   the model's default: the checkpoint's sentence-transformers pooling config
              (``1_Pooling/config.json``) when it has one, else the model's own default
@@ -12,15 +14,17 @@
              sentence-transformers does with its attention mask)
   ``"cls"``  the first token's hidden state
   ``"last"`` the last token's hidden state (decoder embedders such as Qwen3-Embedding)
+  ``"all"``  every prompt token's hidden state (vLLM's ALL): per-token reward heads only
 ``normalize``: L2-normalise the vector (default True; embed only).
 ``dimensions``: embed only, Matryoshka models only (vLLM's field): keep the first k
   entries of the pooled vector, then L2-normalise them when ``normalize`` is on. A model
   declares Matryoshka training by ``is_matryoshka`` / ``matryoshka_dimensions`` in its
   config.json or by its class (Qwen3-Embedding); k must be in (0, hidden_size] and, when
   the config lists ``matryoshka_dimensions``, one of them. None keeps every entry.
-``use_activation``: classify / score: apply the head's activation (softmax over the
-  labels, or sigmoid when ``num_labels == 1`` or ``problem_type`` is
-  ``multi_label_classification``); None means True; False returns the raw logits.
+``use_activation``: classify / score / reward: apply the head's activation (softmax over
+  the labels, or sigmoid when ``num_labels == 1`` or ``problem_type`` is
+  ``multi_label_classification``); None means True for classify / score and False for
+  reward (vLLM's reward pooler returns raw scores); False returns the raw logits.
   ``activation`` is vLLM's older name for the same switch; give one or equal values.
 ``truncate_prompt_tokens``: None keeps text prompts whole (a prompt over the limit is
   rejected); k >= 1 tokenizes text prompts with the tokenizer's own truncation at k tokens
@@ -35,8 +39,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-POOLING_TYPES = ("mean", "cls", "last")
-POOLING_TASKS = ("embed", "classify", "score")
+POOLING_TYPES = ("mean", "cls", "last", "all")
+POOLING_TASKS = ("embed", "classify", "score", "reward")
 
 
 @dataclass(slots=True, frozen=True)
@@ -79,6 +83,7 @@ class PoolingParams:
 
     @property
     def activate(self) -> bool:
-        """Whether classify / score apply the head's activation (use_activation or activation; default True)."""
+        """Whether classify / score / reward apply the head's activation (use_activation or
+        activation; default True, False for reward)."""
         value = self.use_activation if self.use_activation is not None else self.activation
-        return True if value is None else value
+        return self.task != "reward" if value is None else value

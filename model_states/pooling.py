@@ -193,6 +193,10 @@ class PoolingModelState(ModelState):
                              f"task {params.task or 'embed'!r} (embeddings take normalize)")
         if params.dimensions is not None:
             self.check_dimensions(params.dimensions)
+        if params.pooling_type == "all":
+            raise ValueError(f"PoolingParams.pooling_type='all' is invalid for task {params.task or 'embed'!r}: "
+                             "per-token outputs are served by reward models (task 'reward'); an embedding pools "
+                             f"one of {[t for t in POOLING_TYPES if t != 'all']}")
         if params.pooling_type is not None:
             return params
         if self.default_pooling_type is None:

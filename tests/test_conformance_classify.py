@@ -18,7 +18,7 @@ pytest.importorskip("core_runner_pooling", reason="pip install -e plugins/poolin
 def test_the_pooling_plugin_classifiers_pass_cr_eq_15():
     report = run_suite("pooling", checks=["CR-EQ-15"], tier="cpu")
     cases = {c["name"]: c for c in report["checks"]}
-    assert len(cases) == 7, sorted(cases)  # 3 BERT, 2 Qwen3, 2 XLM-R classifier examples
+    assert len(cases) == 9, sorted(cases)  # 3 BERT, 2 Qwen3, 2 XLM-R, 2 Llama classifier examples
     for name, c in cases.items():
         assert c["outcome"] == "passed", (name, c["message"])
     notes = " ".join(cases["CR-EQ-15[Qwen3ForSequenceClassification:tiny-qwen3-cls]"]["notes"])
@@ -34,3 +34,16 @@ def test_a_stale_activation_flag_in_reused_rows_fails_cr_eq_15():
     assert c["outcome"] == "failed", c
     msg = c["message"]  # the first part that reuses a row (the chunked batches, whose short prompts end first)
     assert "probabilities differ from the reference" in msg and ("chunks of" in msg or "rows reused" in msg), msg
+
+
+def test_reward_models_pass_cr_eq_16_and_forgotten_chunks_fail_it():
+    report = run_suite("pooling", checks=["CR-EQ-16"], tier="cpu")
+    cases = {c["name"]: c for c in report["checks"]}
+    assert len(cases) == 3, sorted(cases)  # 2 Llama sequence reward examples, 1 per-token
+    for name, c in cases.items():
+        assert c["outcome"] == "passed", (name, c["message"])
+    assert report["tasks"]["LlamaForTokenClassification"]["reward"]["observed"] == "supported"
+    pm = PluginManager()
+    pm.register_module("forgotten", importlib.import_module("conformance_fixtures.forgotten_reward_chunks"))
+    (c,) = run_suite("forgotten", pm=pm, checks=["CR-EQ-16"], tier="cpu")["checks"]
+    assert c["outcome"] == "failed" and "chunks of" in c["message"], c

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+import torch
 from test_classify import DOCS, QUERY, _bert, _minilm
 from test_server import _Server
 
@@ -87,3 +88,27 @@ def test_score_with_an_embedding_model_is_cosine(emb):
     assert len(ranked) == 1 and ranked[0]["index"] == max(range(len(DOCS)), key=lambda i: want[i])
     r = _post(server, "/classify", {"input": "a"})
     assert r.status_code == 400 and "classify" in r.json()["error"]["message"]
+
+
+def test_pooling_route_serves_per_token_rewards(tmp_path_factory, single_torch_thread):
+    """/pooling on a reward model (vLLM serves reward there): data[i].data is the prompt's
+    [tokens, labels] raw scores, equal to LLM.reward offline."""
+    from test_reward import _prompts, _save
+
+    path, _ = _save(tmp_path_factory, "LlamaForTokenClassification", "srv_tok", num_labels=2)
+    offline = LLM(path, **OPTS)
+    prompts = _prompts([5, 3], seed=4)
+    want = [o.outputs.data for o in offline.reward(prompts, use_tqdm=False)]
+    s = _Server(LLM(path, **OPTS).engine, served_model_name="rm")
+    try:
+        r = _post(s, "/pooling", {"model": "rm", "input": prompts})
+        assert r.status_code == 200, r.text
+        data = r.json()["data"]
+        assert [d["object"] for d in data] == ["pooling", "pooling"]
+        for d, w in zip(data, want):
+            got = torch.tensor(d["data"])
+            assert got.shape == w.shape and float((got - w).abs().max()) < TOL
+        bad = _post(s, "/pooling", {"input": prompts, "task": "embed"})
+        assert bad.status_code == 400 and "reward" in bad.text
+    finally:
+        s.stop()

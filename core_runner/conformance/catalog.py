@@ -116,6 +116,13 @@ CHECKS: tuple[Check, ...] = (
        "prompts of mixed lengths in one batch mixing both, under chunked prefill at budgets of 5 and 7 tokens "
        "(where supported) and in rows freed by longer requests; every request finishes normally with num_labels "
        "values, in prompt order.", task="classify"),
+    _c("CR-EQ-16", "example", "checks_classify:rewards_match_reference",
+       "Reward scores (LLM.reward: the head's logits, raw by default; activated with use_activation=True) equal the "
+       "reference head's within 1e-4 raw and 1e-5 activated (float32): one row of num_labels at the last token for "
+       "a sequence head, one per prompt token for a per-token head; over CR-EQ-15's workload (mixed lengths, "
+       "chunks of 5 and 7 tokens where supported, rows freed by longer requests) and, for a model that also "
+       "classifies, in one batch mixing reward and classify requests, each with its task's default activation "
+       "(CR-EQ-15 runs the same mix).", task="reward"),
     _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
        "Field sensitivity: every field of the reference config (numbers, bools, strings with the values the "
        "reference's source compares them with, lists of layer kinds or indices, nested RoPE parameters and kinds, "

@@ -89,7 +89,10 @@ def _compare_generate(ctx: Ctx, ref: Any, name: str) -> str:
 def _compare_embed(ctx: Ctx, ref: Any, name: str) -> str:
     """Embeddings, or a classifier's raw logits, at tensor_parallel_size TP and 1."""
     prompts = ref.prompts(LENGTHS, seed=43)
-    what = "class logits" if "classify" in ctx.registration.tasks else "embeddings"
+    from core_runner.conformance.checks_perturbed import head_task
+
+    task = head_task(ctx)
+    what = f"{task} logits" if task else "embeddings"
     got = []
     for tp in (1, TP):
         old, ctx.reference = ctx.reference, ref
@@ -98,13 +101,13 @@ def _compare_embed(ctx: Ctx, ref: Any, name: str) -> str:
         finally:
             ctx.reference = old
         try:
-            if "classify" in ctx.registration.tasks:  # raw logits: saturated probabilities would hide a difference
+            if task:  # raw logits: saturated probabilities would hide a difference
                 from core_runner import PoolingParams
 
-                outs = llm.classify(prompts, PoolingParams(use_activation=False), use_tqdm=False)
+                outs = getattr(llm, task)(prompts, PoolingParams(use_activation=False), use_tqdm=False)
             else:
                 outs = llm.embed(prompts, use_tqdm=False)
-            got.append(torch.stack([o.outputs.data.float() for o in outs]))
+            got.append(torch.cat([o.outputs.data.float().reshape(-1) for o in outs]))  # per-token rows vary
         finally:
             llm.engine.shutdown()
     err = float((got[0] - got[1]).abs().max())

@@ -117,7 +117,12 @@ def _embeds(ctx: Ctx) -> bool:
 
 
 def _classifies(ctx: Ctx) -> bool:
-    return "classify" in ctx.registration.tasks
+    return head_task(ctx) is not None
+
+
+def head_task(ctx: Ctx) -> str | None:
+    """The task whose output is a head's logits (classify, else reward), or None."""
+    return next((t for t in ("classify", "reward") if t in ctx.registration.tasks), None)
 
 
 def _reference_output(ref: Any, probe: list[int], embeds: bool, classifies: bool = False) -> Any:
@@ -138,7 +143,7 @@ def _classify_check(ctx: Ctx, vctx: Ctx, v: Variant, probe: list[int]) -> tuple[
     if llm is None:
         return refused
     prompts = [probe] + vctx.ref.prompts(PERTURB_LENGTHS, seed=17)
-    outs = llm.classify(prompts, PoolingParams(use_activation=False), use_tqdm=False)
+    outs = getattr(llm, head_task(ctx))(prompts, PoolingParams(use_activation=False), use_tqdm=False)
     worst, ignored = 0.0, True
     for p, o in zip(prompts, outs):
         got, want = o.outputs.data.float(), vctx.ref.class_logits(p)

@@ -78,6 +78,22 @@ def capability_matrix(session: Any, records: list[dict]) -> dict:
     return out
 
 
+def task_matrix(session: Any, records: list[dict]) -> dict:
+    """Per architecture, per task it declares: the checks of that task (the catalog's
+    ``task``) and what they observed ("not checked" where this suite has no check of it)."""
+    from core_runner.conformance.catalog import BY_ID
+
+    out: dict[str, dict] = {}
+    for reg in session.registrations:
+        row = {}
+        for task in reg.tasks:
+            recs = [r for r in records if r["architecture"] == reg.architecture
+                    and getattr(BY_ID.get(r["id"]), "task", None) == task]
+            row[task] = {"checks": sorted({r["name"] for r in recs}), "observed": _observe("supported", recs)}
+        out[reg.architecture] = row
+    return out
+
+
 def build_report(session: Any, duration_s: float) -> dict:
     cases = session.generated_cases
     records = []
@@ -112,6 +128,7 @@ def build_report(session: Any, duration_s: float) -> dict:
         "architectures": [r.architecture for r in session.registrations],
         "summary": summary,
         "capabilities": capability_matrix(session, records),
+        "tasks": task_matrix(session, records),
         "checks": records,
     }
 
@@ -121,6 +138,9 @@ def summary_lines(report: dict) -> list[str]:
              f"({', '.join(f'{v} {k}' for k, v in sorted(report['summary'].items()))}) in {report['duration_s']} s"]
     for arch, caps in report["capabilities"].items():
         lines.append(f"  {arch}")
+        for task, t in report.get("tasks", {}).get(arch, {}).items():
+            mark = "   <-- mismatch" if t["observed"] == "broken" else ""
+            lines.append(f"    task {task:<13} observed {t['observed']}{mark}")
         for cap, c in caps.items():
             mark = "" if c["observed"] not in ("broken", "not refused") and not c["observed"].startswith("passes") \
                 else "   <-- mismatch"

@@ -224,6 +224,22 @@ class LLM:
         raise ValueError(f"LLM.score() needs a cross-encoder (task 'score') or an embedding model (task 'embed'), "
                          f"but {self.engine.architecture} supports {self.engine.tasks}")
 
+    def reward(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        use_tqdm: bool = True,
+    ) -> list[PoolingRequestOutput]:
+        """A reward model's scores per prompt, in prompt order (vLLM's ``LLM.reward``):
+        ``outs[i].outputs.data`` a float32 CPU tensor, ``[num_labels]`` for a last-token reward
+        head (``LlamaForSequenceClassification``), ``[num_prompt_tokens, num_labels]`` for a
+        per-token one (``*ForTokenClassification``). Raw scores, as vLLM's reward pooler gives;
+        ``PoolingParams(use_activation=True)`` applies the head's sigmoid / softmax."""
+        self._require_task("reward", "reward")
+        prompts = _prompt_list(prompts)
+        return self._pool(prompts, _per_prompt(pooling_params, len(prompts)), "reward", use_tqdm)
+
     def encode(
         self,
         prompts: Prompt | Sequence[Prompt],
@@ -234,7 +250,8 @@ class LLM:
     ) -> list[PoolingRequestOutput]:
         """The general pooling entry (vLLM's ``LLM.encode``): one PoolingRequestOutput per
         prompt, ``outs[i].outputs.data`` a float32 CPU tensor (an embedding for ``"embed"``,
-        probabilities for ``"classify"`` / ``"score"``, as ``embed`` / ``classify`` give).
+        probabilities for ``"classify"`` / ``"score"``, as ``embed`` / ``classify`` give, raw
+        scores for ``"reward"``, as ``reward`` gives).
         ``pooling_task`` is one of the model's pooling tasks (None: its first); another
         raises ValueError naming the valid ones."""
         tasks = [t for t in self.engine.tasks if t in POOLING_TASKS]
@@ -265,7 +282,7 @@ class LLM:
         if made:  # one device-to-host copy for all vectors (lengths differ under Matryoshka dimensions)
             host = torch.cat([m.data.reshape(-1) for m in made]).float().cpu()
             for m, e in zip(made, host.split([m.data.numel() for m in made])):
-                m.data = e
+                m.data = e.reshape(m.data.shape)  # per-token rewards are [tokens, labels]
         return outs
 
     def _fan_out(self, prompt: Prompt, sp: SamplingParams) -> list[Request]:
@@ -299,7 +316,8 @@ class LLM:
 
     def _require_task(self, task: str, method: str) -> None:
         if task not in self.engine.tasks:
-            methods = [f"LLM.{t}()" for t in self.engine.tasks if t in ("generate", "embed", "classify", "score")]
+            methods = [f"LLM.{t}()" for t in self.engine.tasks
+                       if t in ("generate", "embed", "classify", "score", "reward")]
             hint = f"; use {' or '.join(methods)}" if methods else ""
             raise ValueError(
                 f"LLM.{method}() needs a model with task {task!r}, but {self.engine.architecture} "

@@ -17,6 +17,8 @@ from core_runner.engine.outputs import (
     EmbeddingOutput,
     EmbeddingRequestOutput,
     Logprob,
+    PoolingOutput,
+    PoolingRequestOutput,
     RequestOutput,
 )
 from core_runner.engine.request import Request
@@ -38,9 +40,11 @@ class OutputProcessor:
 
     def make_output(self, req: Request) -> RequestOutput | EmbeddingRequestOutput:
         if req.pooling_params is not None:
-            classify = getattr(req.pooling_params, "task", None) in ("classify", "score")
-            kind, made = (ClassificationRequestOutput, ClassificationOutput) if classify else \
-                (EmbeddingRequestOutput, EmbeddingOutput)
+            task = getattr(req.pooling_params, "task", None)
+            kind, made = {"classify": (ClassificationRequestOutput, ClassificationOutput),
+                          "score": (ClassificationRequestOutput, ClassificationOutput),
+                          "reward": (PoolingRequestOutput, PoolingOutput)}.get(
+                              task, (EmbeddingRequestOutput, EmbeddingOutput))
             return kind(
                 request_id=req.req_id, outputs=None if req.pooled is None else made(req.pooled),
                 prompt_token_ids=req.prompt_token_ids, finished=req.is_finished, prompt=req.prompt,

@@ -142,6 +142,15 @@ class ClassificationOutput:
 
 
 @dataclass(slots=True)
+class PoolingOutput:
+    """A reward model's scores (vLLM's PoolingOutput): ``data`` a float32 tensor,
+    ``[num_labels]`` for a last-token reward head, ``[num_prompt_tokens, num_labels]`` for
+    a per-token one; raw unless the request set ``use_activation=True``."""
+
+    data: torch.Tensor
+
+
+@dataclass(slots=True)
 class ScoringOutput:
     """One pair's relevance (vLLM's ScoringOutput): a cross-encoder's activated logit, or
     the cosine similarity of two embeddings."""

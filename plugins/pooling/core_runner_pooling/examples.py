@@ -97,3 +97,24 @@ BGE_RERANKER_V2_M3 = {  # BAAI/bge-reranker-v2-m3: a cross-encoder, one logit (s
     **BGE_M3, "architectures": ["XLMRobertaForSequenceClassification"],
     "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
 }
+
+# Reward models (task reward; written from memory without hub access: recheck against the hub)
+SKYWORK_REWARD_LLAMA_3_1_8B = {  # Skywork/Skywork-Reward-Llama-3.1-8B-v0.2: one raw reward at the last token
+    "architectures": ["LlamaForSequenceClassification"], "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 128000, "eos_token_id": 128009,
+    "head_dim": 16,  # 128
+    "hidden_act": "silu",
+    "hidden_size": 64,  # 4096
+    "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}, "initializer_range": 0.02,
+    "intermediate_size": 224,  # 14336
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 4,  # 32
+    "num_hidden_layers": 2,  # 32
+    "num_key_value_heads": 1,  # 8 (the 4:1 grouping kept)
+    # pad_token_id 128256 (an added token) left out: it lies outside the shrunk vocabulary
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "use_cache": True,
+    "vocab_size": 512,  # 128256
+}

@@ -7,6 +7,7 @@ from core_runner_pooling.examples import (
     MS_MARCO_MINILM_L6_V2,
     QWEN3_EMBEDDING_0_6B,
     QWEN3_RERANKER_0_6B_SEQ_CLS,
+    SKYWORK_REWARD_LLAMA_3_1_8B,
     TOXIC_BERT,
 )
 
@@ -15,6 +16,8 @@ SDK_RANGE = ">=1.0,<2"
 
 STATE = "model_states.pooling:PoolingModelState"
 CLASSIFY_STATE = "model_states.classify:ClassifyModelState"
+REWARD_STATE = "model_states.reward:RewardModelState"
+TOKEN_REWARD_STATE = "model_states.reward:TokenRewardModelState"
 
 BERT_CAPABILITIES = {
     # bidirectional attention: every token sees the whole prompt, so a prompt cannot be
@@ -57,6 +60,18 @@ TINY_XLMR = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1,
 )
+
+TINY_LLAMA = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
+)
+
+# Llama decoders (causal): the same reasons as Qwen3's, except per-token rewards, which read
+# every prompt token's hidden state, so no cached prefix can stand in for them
+LLAMA_REWARD_CAPABILITIES = dict(QWEN3_EMBED_CAPABILITIES)
+LLAMA_TOKEN_REWARD_CAPABILITIES = {**QWEN3_EMBED_CAPABILITIES, "prefix_caching": "unsupported"}
+# the Llama layers implement exactly these config values (pretraining_tp is transformers' training split)
+LLAMA_ACCEPTED = {"hidden_act": ["silu"], "pretraining_tp": [1]}
 
 TINY_QWEN3 = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -136,4 +151,27 @@ def register_models(registry):
         tasks=("classify", "score"),
         examples=[{"name": "tiny-xlm-roberta-cls", "config": {**TINY_XLMR, "num_labels": 3}},
                   {"name": "bge-reranker-v2-m3-shape", "config": BGE_RERANKER_V2_M3}],
+    )
+    registry.add(
+        architecture="LlamaForSequenceClassification",
+        model="core_runner_pooling.llama_reward:LlamaForSequenceClassification",
+        model_state=REWARD_STATE,
+        capabilities=LLAMA_REWARD_CAPABILITIES,
+        accepted_config=LLAMA_ACCEPTED,
+        reference="transformers:LlamaForSequenceClassification",
+        sdk_version=">=1.2,<2",  # check_head_split (SDK 1.2)
+        tasks=("reward", "classify", "score"),
+        examples=[{"name": "tiny-llama-reward", "config": {**TINY_LLAMA, "num_labels": 1, "attention_bias": True}},
+                  {"name": "skywork-reward-llama-3.1-8b-shape", "config": SKYWORK_REWARD_LLAMA_3_1_8B}],
+    )
+    registry.add(
+        architecture="LlamaForTokenClassification",
+        model="core_runner_pooling.llama_reward:LlamaForTokenClassification",
+        model_state=TOKEN_REWARD_STATE,
+        capabilities=LLAMA_TOKEN_REWARD_CAPABILITIES,
+        accepted_config=LLAMA_ACCEPTED,
+        reference="transformers:LlamaForTokenClassification",
+        sdk_version=">=1.2,<2",
+        tasks=("reward",),
+        examples=[{"name": "tiny-llama-token-reward", "config": {**TINY_LLAMA, "num_labels": 2, "mlp_bias": True}}],
     )
