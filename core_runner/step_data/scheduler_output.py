@@ -33,6 +33,9 @@ class NewRequest:
     num_computed_tokens: int = 0
     # speculative decoding: its settings allow verifying proposals (the runner proposes for it)
     speculative: bool = False
+    # a hit on a model with row state: restore the row's state from this snapshot slot
+    # instead of zeroing it (-1: start from zeros)
+    state_slot: int = -1
 
 
 @dataclass(slots=True)
@@ -50,6 +53,8 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # speculative decoding: proposals each request verifies this step (scheduled 1 + k tokens)
     spec_token_counts: dict[str, int] = field(default_factory=dict)
+    # row-state snapshots: after this step, copy the row state of each request to this slot
+    state_snapshots: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
