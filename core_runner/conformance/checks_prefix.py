@@ -19,7 +19,7 @@ position both engines computed; a pooling model the same last-token embeddings (
 ``scheduler.prefix_cache_hits``), the one without none. A model whose state is not all
 in the paged KV cache (a Mamba hybrid's recurrent state) passes only if it starts a hit
 request from the state at the cached offset: this same comparison is that check (its
-cache-on engine keeps a row-state snapshot every block, ``mamba_block_size=4``).
+cache-on engine keeps a row-state snapshot every block, ``mamba_block_size=4``, in 64 slots).
 """
 from __future__ import annotations
 
@@ -83,8 +83,9 @@ def prefix_hit_equals_miss(ctx: Ctx) -> None:
         where = "default budget" if budget is None else f"max_num_batched_tokens={budget}"
         runs = {}
         for caching in (True, False):
-            # a model with row state resumes a hit only at a state snapshot: one every block here
-            snaps = {"mamba_block_size": BLOCK} if caching and ctx.row_state else {}
+            # a model with row state resumes a hit only at a state snapshot: one every block
+            # here, and slots enough for every boundary of the script (no eviction)
+            snaps = {"mamba_block_size": BLOCK, "mamba_cache_slots": 64} if caching and ctx.row_state else {}
             e = ctx.engine(enable_prefix_caching=caching, block_size=BLOCK, max_model_len=ctx.max_model_len(64),
                            max_num_batched_tokens=budget, **snaps)
             if e.plan.prefix_caching != caching:
