@@ -82,11 +82,12 @@ class MambaHybridModelState(ModelState):
 
     # ---- request lifecycle --------------------------------------------------------
     def add_request(self, row: int, request: NewRequest) -> None:
-        if request.state_slot >= 0:
+        slot = getattr(request, "state_slot", -1)
+        if slot >= 0:
             if not self._snapshots:
                 raise RuntimeError(f"request {request.req_id!r} resumes from state snapshot {request.state_slot} "
                                    "but no snapshot slots are bound")
-            self._restores[row] = request.state_slot
+            self._restores[row] = slot
             if row in self._reset_rows:
                 self._reset_rows.remove(row)
             return
