@@ -1,6 +1,7 @@
 """CR-EQ-09 (prefix cache on = off) finds a model whose state ignores the cached prefix:
 a Granite hybrid whose state ignores the snapshot of a hit
-(tests/conformance_fixtures/hybrid_cached_prefix.py: its ModelState ignores the state snapshot) passes CR-EQ-01 and fails CR-EQ-09
+(tests/conformance_fixtures/hybrid_cached_prefix.py: its ModelState ignores the state
+snapshot) passes CR-EQ-01 and fails CR-EQ-09
 at the first position computed after a hit, while the Qwen3 plugin and the Granite hybrid
 (row-state snapshots) as they ship pass with every kind of hit the check scripts."""
 from __future__ import annotations

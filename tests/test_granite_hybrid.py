@@ -7,7 +7,6 @@ computed one prompt at a time (batch 1, all-ones attention mask).
 """
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import pytest

@@ -240,8 +240,8 @@ class LLMEngine:
         snapshots (no row state, or prefix caching off) would do nothing: refused."""
         if self.runner.state_snapshot_slots:
             return
-        why = (f"{self.architecture} keeps no per-row recurrent state" if not self.memory_report()["state_bytes_per_row"]
-               else "prefix caching is off")
+        stateless = not self.memory_report()["state_bytes_per_row"]
+        why = f"{self.architecture} keeps no per-row recurrent state" if stateless else "prefix caching is off"
         for name in ("mamba_block_size", "mamba_cache_slots"):
             v = getattr(self.config, name)
             if v is not None:
