@@ -163,6 +163,12 @@ class EngineConfig:
     ``kv_cache_dtype:fp8``: the pool holds twice the tokens. ``trust_remote_code`` exists so that vLLM
     scripts passing False run unchanged; True is refused, since core-runner never runs
     a checkpoint's own Python code (a model family is a plugin).
+    ``mamba_block_size`` (vLLM's name) and ``mamba_cache_slots``: prefix caching for a model
+    with per-row recurrent state (``RowStateSpec``: Mamba layers) keeps that state every
+    ``mamba_block_size`` tokens (a multiple of ``block_size``; None: 512 rounded up to one) in
+    ``mamba_cache_slots`` snapshot slots (None: ``max_num_seqs``), so a hit resumes at such a
+    boundary (docs/hybrid_prefix_caching.md). Both stay None here and are resolved by the
+    engine, which refuses a value given to an engine that keeps no snapshots.
     """
 
     model: str
@@ -199,6 +205,8 @@ class EngineConfig:
     load_format: str = "auto"
     max_cudagraph_capture_size: int | None = None
     kv_cache_dtype: str = "auto"
+    mamba_block_size: int | None = None
+    mamba_cache_slots: int | None = None
 
     def __post_init__(self) -> None:
         def bad(name: str, value: object, valid: str) -> ValueError:
@@ -272,6 +280,13 @@ class EngineConfig:
         v = self.max_cudagraph_capture_size
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
             raise bad("max_cudagraph_capture_size", v, "expected an integer >= 1 or None (1024)")
+        for name in ("mamba_block_size", "mamba_cache_slots"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise bad(name, v, "expected an integer >= 1 or None (the default)")
+        if self.mamba_block_size is not None and self.mamba_block_size % self.block_size:
+            raise bad("mamba_block_size", self.mamba_block_size,
+                      f"expected a multiple of block_size={self.block_size} (a state snapshot ends a KV block)")
 
     def _check_types(self, bad) -> None:
         """Every field against its annotation (``int | None``, ``bool``, ...): an int field takes

@@ -77,6 +77,19 @@ class ModelState(ABC):
         """Pooled outputs per request, for states whose task is not ``generate``."""
         raise TypeError(f"{type(self).__name__} supports {self.supported_tasks}, not pooling")
 
+    def bind_state_snapshots(self, snapshots: dict[str, tuple[torch.Tensor, ...]]) -> None:
+        """Snapshot slots beside each ``RowStateSpec`` layer's row state (``[slots, ...]`` per
+        tensor; prefix caching of row state, docs/hybrid_prefix_caching.md). A state that
+        owns row state must then restore ``NewRequest.state_slot`` in ``add_request`` and
+        implement ``save_state_snapshots``."""
+        if snapshots:
+            raise TypeError(f"{type(self).__name__} keeps no row state snapshots: it cannot serve prefix caching "
+                            f"of layers {sorted(snapshots)}")
+
+    def save_state_snapshots(self, rows: list[int], slots: list[int]) -> None:
+        """After this step's forward: copy each row's state into its slot (on the device)."""
+        raise TypeError(f"{type(self).__name__} keeps no row state snapshots")
+
     def row_buffers(self) -> dict[str, torch.Tensor]:
         """Per-row tensors owned by this state (dim 0 = row), for hygiene checks."""
         return {}

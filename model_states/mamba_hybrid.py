@@ -11,6 +11,10 @@ and its metadata carries empty block tables that no layer reads.
   applied in ``apply_staged_writes`` with one small host-to-device copy of the row ids
   (pinned, double-buffered: no host sync) and one ``index_fill_`` per state tensor, so
   a reused row is exactly like a fresh one.
+- Prefix caching (docs/hybrid_prefix_caching.md): a request admitted with a hit
+  (``NewRequest.state_slot`` >= 0) gets its row's state copied from that snapshot slot
+  instead of zeroed, staged the same way (``index_copy_``); ``save_state_snapshots``
+  copies rows into slots after a step's forward, with its own pinned id buffer.
 - ``remove_request`` (finish or preemption) needs nothing: the row is simply unused
   until the next ``add_request`` resets it. A preempted request comes back as a new
   request and re-prefills from its tokens.
@@ -36,6 +40,11 @@ class MambaHybridModelState(ModelState):
         # has-initial-state flag per batch entry, at a fixed device address (graph safe)
         self._has_init = torch.zeros(config.max_num_seqs + 1, dtype=torch.bool, device=device)
         self._row_states: dict[str, tuple[torch.Tensor, ...]] = {}
+        self._snapshots: dict[str, tuple[torch.Tensor, ...]] = {}
+        # (row, slot) pairs: restores staged by add_request, saves of the current step
+        self._restores: dict[int, int] = {}
+        self._restore_host = UvaBackedTensor((2, config.max_num_seqs + 1), torch.int64, device)
+        self._save_host = UvaBackedTensor((2, config.max_num_seqs + 1), torch.int64, device)
 
     # ---- caches -------------------------------------------------------------------
     def kv_cache_specs(self) -> list[KVCacheSpec]:
@@ -49,6 +58,21 @@ class MambaHybridModelState(ModelState):
         super().bind_kv_caches(caches)
         self._row_states = {name: tuple(c) for name, c in caches.items() if isinstance(c, (tuple, list))}
 
+    def bind_state_snapshots(self, snapshots: dict[str, tuple[torch.Tensor, ...]]) -> None:
+        unknown = sorted(set(snapshots) - set(self._row_states))
+        if unknown:
+            raise ValueError(f"state snapshots for layers without row state: {unknown}")
+        self._snapshots = {name: tuple(t) for name, t in snapshots.items()}
+
+    def save_state_snapshots(self, rows: list[int], slots: list[int]) -> None:
+        n = len(rows)
+        self._save_host.cpu[0, :n] = torch.tensor(rows, dtype=torch.int64)
+        self._save_host.cpu[1, :n] = torch.tensor(slots, dtype=torch.int64)
+        ids = self._save_host.snapshot()
+        for name, snaps in self._snapshots.items():
+            for row_t, snap_t in zip(self._row_states[name], snaps):
+                snap_t.index_copy_(0, ids[1, :n], row_t.index_select(0, ids[0, :n]))
+
     def row_buffers(self) -> dict[str, torch.Tensor]:
         out = {}
         for name, tensors in self._row_states.items():
@@ -58,6 +82,16 @@ class MambaHybridModelState(ModelState):
 
     # ---- request lifecycle --------------------------------------------------------
     def add_request(self, row: int, request: NewRequest) -> None:
+        slot = getattr(request, "state_slot", -1)
+        if slot >= 0:
+            if not self._snapshots:
+                raise RuntimeError(f"request {request.req_id!r} resumes from state snapshot {request.state_slot} "
+                                   "but no snapshot slots are bound")
+            self._restores[row] = slot
+            if row in self._reset_rows:
+                self._reset_rows.remove(row)
+            return
+        self._restores.pop(row, None)
         if row not in self._reset_rows:
             self._reset_rows.append(row)
 
@@ -65,6 +99,15 @@ class MambaHybridModelState(ModelState):
         return None
 
     def apply_staged_writes(self) -> None:
+        if self._restores:
+            n = len(self._restores)
+            self._restore_host.cpu[0, :n] = torch.tensor(list(self._restores), dtype=torch.int64)
+            self._restore_host.cpu[1, :n] = torch.tensor(list(self._restores.values()), dtype=torch.int64)
+            self._restores = {}
+            ids = self._restore_host.snapshot()
+            for name, snaps in self._snapshots.items():
+                for row_t, snap_t in zip(self._row_states[name], snaps):
+                    row_t.index_copy_(0, ids[0, :n], snap_t.index_select(0, ids[1, :n]))
         if not self._reset_rows:
             return
         n = len(self._reset_rows)

@@ -7,7 +7,6 @@ computed one prompt at a time (batch 1, all-ones attention mask).
 """
 from __future__ import annotations
 
-import logging
 from types import SimpleNamespace
 
 import pytest
@@ -247,29 +246,17 @@ def test_registration():
 
     reg = load_plugins().registry.get("GraniteMoeHybridForCausalLM")
     assert reg.plugin == "granite_hybrid"
-    assert reg.capability("prefix_caching").state == "unsupported"
+    assert reg.capability("prefix_caching").state == "supported"  # row-state snapshots
     assert reg.capability("chunked_prefill").supported and reg.capability("async_scheduling").supported
 
 
-def test_prefix_caching_downgraded_for_granite(granite, caplog):
+def test_prefix_caching_on_by_default_for_granite(granite):
     from core_runner import LLM
 
-    ckpt = granite["dense_nope"]
-    with caplog.at_level(logging.WARNING):
-        llm = LLM(ckpt.path, dtype="float32", max_model_len=32, max_num_seqs=2, num_kv_blocks=32,
-                  enable_prefix_caching=True, strict=False)
-    line = "prefix caching off: GraniteMoeHybridForCausalLM declares prefix_caching unsupported"
-    assert line in llm.engine.plan.downgrades
-    assert line in caplog.text
-
-
-def test_prefix_caching_strict_is_error(granite):
-    from core_runner import LLM
-    from core_runner.oracle import UnsupportedError
-
-    with pytest.raises(UnsupportedError, match="prefix caching off: GraniteMoeHybridForCausalLM declares"):
-        LLM(granite["dense_nope"].path, dtype="float32", max_model_len=32, max_num_seqs=2, num_kv_blocks=32,
-            enable_prefix_caching=True, strict=True)
+    llm = LLM(granite["dense_nope"].path, dtype="float32", max_model_len=32, max_num_seqs=2, num_kv_blocks=32,
+              strict=True)
+    assert llm.engine.plan.prefix_caching and llm.engine.scheduler.state_interval == 512
+    assert llm.engine.memory_report()["state_snapshot_slots"] == 2
 
 
 def test_prefix_caching_follows_the_declared_capability():

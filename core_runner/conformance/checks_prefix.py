@@ -18,7 +18,8 @@ position both engines computed; a pooling model the same last-token embeddings (
 1e-5). The engine with the cache must report the hits (``num_cached_tokens``,
 ``scheduler.prefix_cache_hits``), the one without none. A model whose state is not all
 in the paged KV cache (a Mamba hybrid's recurrent state) passes only if it starts a hit
-request from the state at the cached offset: this same comparison is that check.
+request from the state at the cached offset: this same comparison is that check (its
+cache-on engine keeps a row-state snapshot every block, ``mamba_block_size=4``, in 64 slots).
 """
 from __future__ import annotations
 
@@ -82,8 +83,11 @@ def prefix_hit_equals_miss(ctx: Ctx) -> None:
         where = "default budget" if budget is None else f"max_num_batched_tokens={budget}"
         runs = {}
         for caching in (True, False):
+            # a model with row state resumes a hit only at a state snapshot: one every block
+            # here, and slots enough for every boundary of the script (no eviction)
+            snaps = {"mamba_block_size": BLOCK, "mamba_cache_slots": 64} if caching and ctx.row_state else {}
             e = ctx.engine(enable_prefix_caching=caching, block_size=BLOCK, max_model_len=ctx.max_model_len(64),
-                           max_num_batched_tokens=budget)
+                           max_num_batched_tokens=budget, **snaps)
             if e.plan.prefix_caching != caching:
                 fail(f"enable_prefix_caching={caching} planned prefix_caching={e.plan.prefix_caching} ({e.plan})")
             runs[caching] = (_script_generate if generate else _script_embed)(ctx, e)
@@ -127,7 +131,10 @@ def _script_generate(ctx: Ctx, e: Any) -> Run:
     e.debug.on_step(trace)
     outs: dict = {}
     _add(e, "A", p["A"], True)
-    step_until(e, outs, lambda: _computed(e, "A") >= SHARED)  # A's shared blocks are cached, A runs on
+    # A's full prompt blocks are cached (a model with row state computes them a snapshot
+    # interval per step), and A runs on
+    full = (len(p["A"]) - 1) // BLOCK * BLOCK
+    step_until(e, outs, lambda: _computed(e, "A") >= full)
     _add(e, "B", p["B"], True)
     _add(e, "C", p["C"], True)
     b = e.scheduler.requests["B"]

@@ -188,6 +188,7 @@ def run(engine: Any, requests: list[tuple[str, list[int], Any]]) -> dict:
 # the per-check context
 # ---------------------------------------------------------------------------------
 _KV_GROUPS: dict[str, int] = {}  # checkpoint path -> KV cache groups of its engine
+_ROW_STATE: dict[str, bool] = {}  # checkpoint path -> whether its model keeps per-row state
 
 
 @dataclass
@@ -258,6 +259,12 @@ class Ctx:
         """The example's model has paged (attention) layers; False for an attention-free one."""
         return self.kv_cache_groups() > 0
 
+    @property
+    def row_state(self) -> bool:
+        """The example's model keeps per-row recurrent state (``RowStateSpec`` layers)."""
+        self.kv_cache_groups()
+        return _ROW_STATE[str(self.ref.path)]
+
     def kv_cache_groups(self, model: str | None = None, load_format: str | None = None) -> int:
         """The model's KV cache group count, from a probe engine on its checkpoint (built with
         ``load_format``: a config-only checkpoint, as CR-SPEC-03's, needs "dummy")."""
@@ -270,7 +277,9 @@ class Ctx:
             load = {} if load_format is None else {"load_format": load_format}
             probe = LLM(path, plugins=self.pm, dtype=self.tolerance.dtype, device="cpu", max_model_len=16,
                         max_num_seqs=1, block_size=4, num_kv_blocks=None, strict=False, **load)
-            _KV_GROUPS[path] = probe.engine.memory_report()["kv_cache_groups"]
+            report = probe.engine.memory_report()
+            _KV_GROUPS[path] = report["kv_cache_groups"]
+            _ROW_STATE[path] = report["state_bytes_per_row"] > 0
         return _KV_GROUPS[path]
 
     def confirm_not_applicable(self) -> None:

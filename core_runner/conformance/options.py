@@ -183,6 +183,8 @@ def _num_kv_blocks(ctx: Ctx) -> str:
 
 
 def _blocks_for(ctx: Ctx, probe_value: Any, **opts: Any) -> int:
+    # without row-state snapshots (prefix caching of row state), which would take memory too
+    opts.setdefault("enable_prefix_caching", False if ctx.row_state else None)
     return ctx.engine(memory_probe=lambda device: probe_value, num_kv_blocks=None, max_num_seqs=64, block_size=4,
                       **opts).num_blocks
 
@@ -400,7 +402,9 @@ def _prefix_caching(ctx: Ctx) -> str:
     prompt = ctx.ref.prompts([13], seed=19)[0]
     hits = {}
     for flag in (None, False):
-        e = ctx.engine(enable_prefix_caching=flag, block_size=4)
+        # a model with row state resumes only at a state snapshot: one every block here
+        snaps = {"mamba_block_size": 4} if flag is None and ctx.row_state else {}
+        e = ctx.engine(enable_prefix_caching=flag, block_size=4, **snaps)
         if e.plan.prefix_caching != (flag is None):
             fail(f"enable_prefix_caching={flag} planned prefix_caching={e.plan.prefix_caching} (the family declares "
                  "it supported: the default turns it on, False off)")
@@ -449,3 +453,4 @@ def _kernels(ctx: Ctx) -> str:
 import core_runner.conformance.options_kv  # noqa: E402, F401
 import core_runner.conformance.options_parallel  # noqa: E402, F401
 import core_runner.conformance.options_sources  # noqa: E402, F401
+import core_runner.conformance.options_state  # noqa: E402, F401

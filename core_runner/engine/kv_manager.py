@@ -15,6 +15,11 @@ The longest H that every group satisfies is taken.
 
 No group at all (``windows=[]``, an attention-free model): a request's table is empty,
 growing never needs a block, and the pool has none.
+
+Row-state snapshots (``state_slots`` > 0, docs/hybrid_prefix_caching.md): a model with
+per-row recurrent state resumes a hit only where a snapshot of that state exists, at a
+multiple of ``state_blocks`` blocks; ``states`` is a second pool of snapshot slots keyed
+by the chained hash of the block that ends at the boundary (same ref counts and LRU).
 """
 from __future__ import annotations
 
@@ -24,11 +29,15 @@ NULL_BLOCK = -1
 
 
 class KVCacheManager:
-    def __init__(self, windows: list[int | None], num_blocks: int, block_size: int, margin: int = 0) -> None:
+    def __init__(self, windows: list[int | None], num_blocks: int, block_size: int, margin: int = 0,
+                 state_slots: int = 0, state_blocks: int = 0) -> None:
         self.windows = list(windows)
         self.block_size = block_size
         self.margin = margin
         self.pool = BlockPool(num_blocks)
+        # snapshot slots of row state, one every state_blocks blocks (None: no row state kept)
+        self.states = BlockPool(state_slots) if state_slots else None
+        self.state_blocks = state_blocks
 
     @property
     def num_groups(self) -> int:
@@ -89,10 +98,19 @@ class KVCacheManager:
         w = self.windows[g]
         return 0 if w is None else max(0, n * self.block_size - w + 1) // self.block_size
 
-    def _longest_hit(self, bound: int, found: list[list[bool]]) -> int:
+    def _state_bound(self, n: int, snap: list[bool] | None) -> int:
+        """The longest hit <= n whose row state is kept: a multiple of state_blocks with a snapshot."""
+        if snap is None:
+            return n
+        n -= n % self.state_blocks
+        while n > 0 and not snap[n - 1]:
+            n -= self.state_blocks
+        return n
+
+    def _longest_hit(self, bound: int, found: list[list[bool]], snap: list[bool] | None = None) -> int:
         n = bound
         while n > 0:
-            best = n
+            best = self._state_bound(n, snap)
             for g in range(self.num_groups):
                 while best > 0 and not self._valid(g, best, found):
                     best -= 1
@@ -105,12 +123,13 @@ class KVCacheManager:
         """The longest cached prefix of at most ``limit`` blocks every group can resume
         from (one fewer with ``drop_last``); its blocks are referenced. Returns the table
         (NULL_BLOCK where a window needs nothing) and the number of blocks hit."""
-        if not self.num_groups:  # no paged layer caches anything: every group "agreeing" is no hit
+        snap = None if self.states is None else [h in self.states.cached for h in hashes[:limit]]
+        if not self.num_groups and snap is None:  # nothing cached at all: every group "agreeing" is no hit
             return self.new_table(), 0
         found = [[(g, h) in self.pool.cached for h in hashes[:limit]] for g in range(self.num_groups)]
-        n = self._longest_hit(limit, found)
+        n = self._longest_hit(limit, found, snap)
         if drop_last and n:
-            n = self._longest_hit(n - 1, found)
+            n = self._longest_hit(n - 1, found, snap)
         table = self.new_table()
         if not n:
             return table, 0
@@ -120,3 +139,13 @@ class KVCacheManager:
             self.pool.touch(hit)
             table[g] = [NULL_BLOCK] * lo + hit
         return table, n
+
+    # ---- row-state snapshots ----------------------------------------------------------
+    def state_slot_of(self, block_hash) -> int:
+        """The snapshot slot of the row state after the block ``block_hash`` (-1: none); a
+        hit refreshes it in the LRU. The restore is staged before any later save into it."""
+        slot = -1 if self.states is None else self.states.cached.get(block_hash, -1)
+        if slot >= 0:
+            self.states.touch([slot])
+            self.states.free([slot])
+        return slot

@@ -27,7 +27,7 @@ from core_runner.engine.output_processor import OutputProcessor
 from core_runner.engine.outputs import RequestOutput
 from core_runner.engine.request import Request
 from core_runner.engine.scheduler import Scheduler
-from core_runner.executor.build import RankSpec, build_runner
+from core_runner.executor.build import RankSpec, build_runner, resolve_mamba_block_size
 from core_runner.executor.draft import resolve_draft
 from core_runner.executor.multiproc import MultiprocRunner
 from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec
@@ -169,6 +169,7 @@ class LLMEngine:
         self.model, self.model_state = self.runner.model, self.runner.model_state
         state_cls = type(self.model_state)
         self.memory_probe = memory_probe or available_memory
+        self._check_state_snapshot_options()
         self.num_blocks = self._kv_pool_blocks()
         one = self.blocks_per_request()
         if self.num_blocks < one:
@@ -185,6 +186,7 @@ class LLMEngine:
             num_speculative_tokens=self.plan.num_speculative_tokens,
             num_lookahead_tokens=self.plan.num_speculative_tokens if self.runner.drafter is not None else 0,
             kv_cache_windows=[g.sliding_window for g in self.runner.kv_layout.groups],
+            mamba_block_size=resolve_mamba_block_size(config), mamba_cache_slots=self.runner.state_snapshot_slots,
         )
         self.core = EngineCore(scheduler, self.executor, self.plan.async_scheduling)
         self.tokenizer = load_tokenizer(resolve_tokenizer(config, self.model_path))
@@ -246,9 +248,23 @@ class LLMEngine:
         per_token = sum(s.bytes_per_token() for s in specs if isinstance(s, PagedCacheSpec))
         per_row = sum(s.bytes_per_row() for s in specs if isinstance(s, RowStateSpec))
         pool_per_token = self.runner.kv_layout.pool_bytes_per_token(specs)
+        slots = self.runner.state_snapshot_slots
         return {"kv_bytes_per_token": per_token, "kv_pool_bytes_per_token": pool_per_token,
                 "state_bytes_per_row": per_row, "num_blocks": getattr(self, "num_blocks", 0),
-                "kv_cache_groups": self.runner.kv_layout.num_groups}
+                "kv_cache_groups": self.runner.kv_layout.num_groups,
+                "state_snapshot_slots": slots, "state_snapshot_bytes": slots * per_row}
+
+    def _check_state_snapshot_options(self) -> None:
+        """mamba_block_size / mamba_cache_slots given to an engine that keeps no row-state
+        snapshots (no row state, or prefix caching off) would do nothing: refused."""
+        if self.runner.state_snapshot_slots:
+            return
+        stateless = not self.memory_report()["state_bytes_per_row"]
+        why = f"{self.architecture} keeps no per-row recurrent state" if stateless else "prefix caching is off"
+        for name in ("mamba_block_size", "mamba_cache_slots"):
+            v = getattr(self.config, name)
+            if v is not None:
+                raise ValueError(f"{name}={v}: {why}, so no row-state snapshots are kept; leave it None")
 
     def blocks_per_request(self) -> int:
         """The most blocks one request can hold at once: a full group covers max_model_len,
@@ -279,7 +295,8 @@ class LLMEngine:
     def _blocks_from_memory(self) -> int:
         rep = self.memory_report()
         c = self.config
-        row_bytes = rep["state_bytes_per_row"] * (c.max_num_seqs + 1)
+        # the rows' state and its prefix-cache snapshots
+        row_bytes = rep["state_bytes_per_row"] * (c.max_num_seqs + 1) + rep["state_snapshot_bytes"]
         activations = self._profile_activation_bytes()
         free, total = read_memory(self.memory_probe, torch.device(c.device))
         # the ranks of a node share its host memory; each GPU rank has its own device memory

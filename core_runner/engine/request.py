@@ -57,6 +57,8 @@ class Request:
     block_hashes: list = field(default_factory=list)
     num_cached_blocks: int = 0
     num_cached_tokens: int = 0
+    # the row-state snapshot slot its last admission's hit resumes from (-1: none)
+    state_slot: int = -1
     # speculative decoding: whether the request may verify proposals, and its counts of
     # proposed and accepted tokens
     speculative: bool = False

@@ -24,6 +24,14 @@ still register theirs. A failed step's requests free their blocks uncached.
 
 Blocks are kept per KV cache group (``engine/kv_manager.py``): a request holds one list per
 group, and a sliding-window group gives back the blocks its window has left.
+
+Row state (``mamba_block_size`` S > 0, docs/hybrid_prefix_caching.md): a prefill chunk that
+would cross a multiple of S ends at the first one it crosses (vLLM's "align" mode, at every
+boundary), and a
+step that ends at a multiple of S (with no proposals in flight) has the runner copy the
+row's state into a snapshot slot (``SchedulerOutput.state_snapshots``). The slot becomes
+findable, under the hash of the block ending there, once that step's output is back; a hit
+then needs a snapshot at its end (``KVCacheManager.take_cached``).
 """
 from __future__ import annotations
 
@@ -49,7 +57,7 @@ class Scheduler:
         self, *, max_num_seqs: int, max_num_batched_tokens: int, max_model_len: int,
         block_size: int, num_blocks: int, chunked_prefill: bool = True, enable_prefix_caching: bool = False,
         num_speculative_tokens: int = 0, num_lookahead_tokens: int = 0,
-        kv_cache_windows: list[int | None] | None = None,
+        kv_cache_windows: list[int | None] | None = None, mamba_block_size: int = 0, mamba_cache_slots: int = 0,
     ) -> None:
         self.max_num_seqs = max_num_seqs
         self.budget = max_num_batched_tokens
@@ -59,9 +67,17 @@ class Scheduler:
         # one entry per KV cache group: its sliding window (None: full attention); no entry
         # for a model without paged layers (no block is ever needed)
         windows = [None] if kv_cache_windows is None else kv_cache_windows
-        self.kv = KVCacheManager(windows, num_blocks, block_size, margin=num_speculative_tokens)
-        self.pool = self.kv.pool
         self.caching = enable_prefix_caching
+        # row-state snapshots every state_interval tokens (0: the model keeps no row state)
+        self.state_interval = mamba_block_size if enable_prefix_caching and mamba_cache_slots else 0
+        if self.state_interval % block_size:
+            raise ValueError(f"mamba_block_size={mamba_block_size} is not a multiple of block_size={block_size}")
+        self.kv = KVCacheManager(windows, num_blocks, block_size, margin=num_speculative_tokens,
+                                 state_slots=mamba_cache_slots if self.state_interval else 0,
+                                 state_blocks=self.state_interval // block_size)
+        self.pool = self.kv.pool
+        # snapshot slot -> (request, index of the block ending at it), until its step is back
+        self._pending_states: dict[int, tuple[Request, int]] = {}
         # tokens looked up in the prefix cache at admission, and of them the tokens found
         # (vLLM's prefix_cache_queries / prefix_cache_hits)
         self.prefix_cache_queries = 0
@@ -119,6 +135,11 @@ class Scheduler:
         """Finish these requests with "error" (a step fault left their state unknown); their
         blocks are freed and their in-flight samples forgotten. Unknown ids are skipped."""
         failed = []
+        gone = set(req_ids)
+        for slot, (req, _) in list(self._pending_states.items()):  # their steps' snapshots never ran
+            if req.req_id in gone:
+                del self._pending_states[slot]
+                self.kv.states.free([slot], uncache=True)
         for req_id in req_ids:
             req = self.requests.get(req_id)
             if req is not None:
@@ -173,6 +194,42 @@ class Scheduler:
             out.sample_req_ids.add(rid)
         if self.caching and req.num_computed_tokens >= (req.num_cached_blocks + 1) * self.block_size:
             self._cache_blocks(req)
+        if self.state_interval and not req.num_computed_tokens % self.state_interval:
+            self._snapshot_state(req, out)
+
+    def _snapshot_state(self, req: Request, out: SchedulerOutput) -> None:
+        """Keep the row state the step leaves at a boundary; proposals (this step's or in
+        flight) make the true position unknown here, so such steps keep none."""
+        rid = req.req_id
+        states = self.kv.states
+        if out.spec_token_counts.get(rid) or req.num_inflight_drafts or not states.num_free:
+            return
+        j = req.num_computed_tokens // self.block_size - 1
+        if j < len(req.block_hashes) and req.block_hashes[j] in states.cached:
+            return  # already kept
+        slot = states.allocate(1)[0]
+        self._pending_states[slot] = (req, j)
+        out.state_snapshots[rid] = slot
+
+    def _publish_states(self, out: SchedulerOutput) -> None:
+        """The snapshots written by a step that came back become findable."""
+        states = self.kv.states
+        for slot in out.state_snapshots.values():
+            entry = self._pending_states.pop(slot, None)
+            if entry is None:
+                continue
+            req, j = entry
+            tokens = req.all_token_ids
+            if len(tokens) >= (j + 1) * self.block_size:
+                states.cache(slot, extend_hashes(req.block_hashes, tokens, self.block_size)[j])
+            states.free([slot])
+
+    def _align(self, req: Request, n: int) -> int:
+        """A prefill chunk that crosses a snapshot boundary ends at the first one it crosses,
+        so that the state at every boundary is kept (a shared prefix may end at any)."""
+        start = req.num_computed_tokens
+        cut = (start // self.state_interval + 1) * self.state_interval
+        return cut - start if cut < start + n else n
 
     def _spec_tokens(self, req: Request, n: int, num_tokens: int, budget: int) -> int:
         """Proposals a decoding request verifies this step: up to num_speculative_tokens, no
@@ -201,6 +258,7 @@ class Scheduler:
         docstring); its num_computed_tokens starts after it."""
         num_tokens = req.num_tokens
         self.prefix_cache_queries += num_tokens
+        req.state_slot = -1
         if not req.prefix_cacheable:
             return
         hashes = extend_hashes(req.block_hashes, req.all_token_ids, self.block_size)
@@ -211,6 +269,8 @@ class Scheduler:
             req.block_ids = table
             req.num_computed_tokens = req.num_cached_blocks = hit
             req.num_computed_tokens *= self.block_size
+            if self.state_interval:
+                req.state_slot = self.kv.state_slot_of(hashes[hit - 1])
         if not req.num_preemptions:  # RequestOutput reports the first admission's hit
             req.num_cached_tokens = req.num_computed_tokens
         self.prefix_cache_hits += req.num_computed_tokens
@@ -221,9 +281,13 @@ class Scheduler:
         self.prefix_cache_hits -= req.num_computed_tokens
         self.kv.free(req.block_ids)
         req.block_ids, req.num_computed_tokens, req.num_cached_blocks = self.kv.new_table(), 0, 0
+        req.state_slot = -1
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached block (running requests keep theirs); returns how many."""
+        """Forget every cached block (running requests keep theirs) and row-state snapshot;
+        returns how many blocks."""
+        if self.kv.states is not None:
+            self.kv.states.reset()
         return self.pool.reset()
 
     # ---- one step -----------------------------------------------------------------
@@ -239,6 +303,8 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
+            if self.state_interval and n > 1:
+                n = self._align(req, n)
             k = self._spec_tokens(req, n, num_tokens, budget) if self.num_spec else 0
             new_blocks = self._grow(req, n + k, num_tokens)
             while new_blocks is None:
@@ -273,6 +339,8 @@ class Scheduler:
                 self._take_cached(req)
             left = req.num_tokens - req.num_computed_tokens
             n = min(left, budget)
+            if self.state_interval and self.chunked_prefill and n > 1:
+                n = self._align(req, n)
             if (n < left and not self.chunked_prefill) or self._grow(req, n, req.num_tokens) is None:
                 if self.caching and req.num_computed_tokens:
                     self._untake_cached(req)
@@ -287,6 +355,7 @@ class Scheduler:
                 prompt_logprobs_start=len(req.prompt_logprobs) if req.prompt_logprobs is not None else 1,
                 num_computed_tokens=req.num_computed_tokens, speculative=req.speculative and self.num_spec > 0,
                 structured_output=req.structured_output,
+                state_slot=req.state_slot if req.num_computed_tokens else -1,
             ))
             self._commit(req, n, req.num_tokens, out)
             budget -= n
@@ -298,6 +367,8 @@ class Scheduler:
         """Take the sampled values of one step; returns the requests that finished (appended
         to ``finished`` when given, so that a caller interrupted midway keeps them)."""
         finished = [] if finished is None else finished
+        if out.state_snapshots:
+            self._publish_states(out)
         sampled = dict(zip(result.req_ids, result.sampled_token_ids))
         pooled = dict(zip(result.req_ids, result.pooled)) if result.pooled else {}
         for req_id, (first, entries) in result.prompt_logprobs.items():

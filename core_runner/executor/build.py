@@ -14,6 +14,7 @@ import torch
 from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
 from core_runner.executor.draft import DraftSpec, build_draft
+from core_runner.kv_cache_spec import RowStateSpec
 from core_runner.loader import build_model
 from core_runner.oracle import ExecutionPlan, check_model_fits
 from core_runner.registry import Registration
@@ -31,6 +32,19 @@ class RankSpec:
     dtype: torch.dtype
     architecture: str
     draft: DraftSpec | None = None  # the speculative-decoding draft model, if any
+
+
+def state_snapshot_slots(config, prefix_caching: bool, model_state) -> int:
+    """Row-state snapshot slots (docs/hybrid_prefix_caching.md): mamba_cache_slots (None:
+    max_num_seqs) when prefix caching is on and the model keeps row state, else 0."""
+    if not prefix_caching or not any(isinstance(s, RowStateSpec) for s in model_state.kv_cache_specs()):
+        return 0
+    return config.mamba_cache_slots or config.max_num_seqs
+
+
+def resolve_mamba_block_size(config) -> int:
+    """mamba_block_size, or 512 rounded up to a multiple of block_size."""
+    return config.mamba_block_size or -(-512 // config.block_size) * config.block_size
 
 
 def build_runner(spec: RankSpec) -> ModelRunner:
@@ -51,4 +65,5 @@ def build_runner(spec: RankSpec) -> ModelRunner:
         check_model_fits(backend, drafter, spec.draft.registration.architecture)
     return ModelRunner(config, model, model_state, backend, triton_kernels=spec.plan.kernels == "triton",
                        cuda_graphs=spec.plan.cuda_graphs, drafter=drafter,
-                       capture_sizes=capture_sizes(config.max_cudagraph_capture_size))
+                       capture_sizes=capture_sizes(config.max_cudagraph_capture_size),
+                       state_snapshot_slots=state_snapshot_slots(config, spec.plan.prefix_caching, model_state))

@@ -47,6 +47,7 @@ class ModelRunner:
         self, config: EngineConfig, model: nn.Module, model_state: ModelState, backend: AttentionBackend,
         *, triton_kernels: bool = False, cuda_graphs: bool = False,
         capture_sizes: tuple[int, ...] = DEFAULT_CAPTURE_SIZES, drafter: nn.Module | None = None,
+        state_snapshot_slots: int = 0,
     ) -> None:
         self.config = config
         self.model = model
@@ -66,6 +67,8 @@ class ModelRunner:
         self.sampling.grammar.use_triton = triton_kernels
         self.generates = "generate" in model_state.supported_tasks
         self.kv_caches: dict[str, Any] = {}
+        # prefix caching of row state: snapshot slots beside every row-state layer's rows
+        self.state_snapshot_slots = state_snapshot_slots
         self.graphs = None
         max_tokens = config.max_num_batched_tokens
         if cuda_graphs:
@@ -125,6 +128,10 @@ class ModelRunner:
         if self.drafter is not None:
             self.drafter.bind(self.kv_caches)
         self.model_state.bind_kv_caches({k: v for k, v in self.kv_caches.items() if not k.startswith("drafter.")})
+        if self.state_snapshot_slots:
+            self.model_state.bind_state_snapshots({
+                s.layer_name: s.allocate(self.state_snapshot_slots, self.device)
+                for s in self.model_state.kv_cache_specs() if isinstance(s, RowStateSpec)})
 
     # ---- one step -----------------------------------------------------------------
     @torch.inference_mode()
@@ -170,7 +177,7 @@ class ModelRunner:
         if self.spec is not None:
             batch.propose_reqs = [i for i, (r, row) in enumerate(zip(req_ids, rows))
                                   if row in self.spec_rows and r in out.sample_req_ids]
-        return self._run(batch)
+        return self._run(batch, out.state_snapshots)
 
     def _remove(self, req_ids: set[str] | list[str]) -> None:
         for req_id in req_ids:
@@ -290,8 +297,11 @@ class ModelRunner:
         with set_forward_context(attn, self.backend, "triton" if self.triton else "torch"):
             return self.model(batch.input_ids, batch.positions, **extra), attn
 
-    def _run(self, batch: InputBatch) -> AsyncOutput:
+    def _run(self, batch: InputBatch, state_snapshots: dict[str, int] | None = None) -> AsyncOutput:
         out, attn = self._forward(batch)
+        if state_snapshots:  # the rows' state after this step, kept for prefix hits
+            rows = self.req_state.req_id_to_row
+            self.model_state.save_state_snapshots([rows[r] for r in state_snapshots], list(state_snapshots.values()))
         # a target serving an EAGLE-3 draft returns (hidden, the inputs of some layers)
         hidden = out[0] if isinstance(out, tuple) else out
         if self.spec is not None and not batch.is_dummy:  # what the proposer reads after sampling

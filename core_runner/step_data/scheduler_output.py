@@ -35,6 +35,9 @@ class NewRequest:
     speculative: bool = False
     # structured outputs: the request's GrammarRequest (core_runner/structured_outputs), None without
     structured_output: object | None = None
+    # a hit on a model with row state: restore the row's state from this snapshot slot
+    # instead of zeroing it (-1: start from zeros)
+    state_slot: int = -1
 
 
 @dataclass(slots=True)
@@ -52,6 +55,8 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # speculative decoding: proposals each request verifies this step (scheduled 1 + k tokens)
     spec_token_counts: dict[str, int] = field(default_factory=dict)
+    # row-state snapshots: after this step, copy the row state of each request to this slot
+    state_snapshots: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -17,10 +17,9 @@ CAPABILITIES = {
     # (state rows, flags, query_start_loc) and launches grids sized by the padded batch
     "cuda_graphs": "supported",
     "async_scheduling": "supported",
-    # a cached prefix would need the Mamba layers' recurrent state at that block boundary,
-    # which is not kept (no per-block state snapshots): enable_prefix_caching=True is a
-    # named downgrade
-    "prefix_caching": "unsupported",
+    # the Mamba layers' row state is kept every mamba_block_size tokens (snapshot slots,
+    # model_states.mamba_hybrid), so a hit resumes there with the attention blocks
+    "prefix_caching": "supported",
     "triton_attention": "supported",
     "kv_cache_dtype:fp8": "supported",
     # attention and Mamba heads, MLP and expert intermediates, vocabulary split across ranks

@@ -11,9 +11,9 @@ CAPABILITIES = {
     # buffers (model_states.mamba_hybrid), so steps replay from CUDA graphs
     "cuda_graphs": "supported",
     "async_scheduling": "supported",
-    # a cached prefix would need the recurrent state at that block boundary (per-block state
-    # snapshots, not kept): enable_prefix_caching=True is a named downgrade
-    "prefix_caching": "unsupported",
+    # the row state is kept every mamba_block_size tokens (snapshot slots): a hit resumes
+    # there, with no KV block at all
+    "prefix_caching": "supported",
     # no attention layer: no attention backend is ever called (the suite checks the claim)
     "triton_attention": "not applicable: attention-free (no attention layer, no paged KV cache)",
     "kv_cache_dtype:fp8": "not applicable: attention-free (no KV cache to store in fp8)",
