@@ -41,15 +41,17 @@ def register_qwen3(registry, model: str, declare_limits: bool = True) -> None:
     )
 
 
-def register_granite(registry, **capabilities: str) -> None:
+def register_granite(registry, model_state: str = "model_states.mamba_hybrid:MambaHybridModelState",
+                     **capabilities: str) -> None:
     """The Granite hybrid as its plugin registers it (one dense tiny example, no experts, no
-    RoPE), with ``capabilities`` overriding the plugin's declarations."""
+    RoPE), served by ``model_state``, with ``capabilities`` overriding the plugin's
+    declarations."""
     from core_runner_granite_hybrid.hooks import CAPABILITIES, TINY
 
     registry.add(
         architecture="GraniteMoeHybridForCausalLM",
         model="core_runner_granite_hybrid.model:GraniteMoeHybridForCausalLM",
-        model_state="model_states.mamba_hybrid:MambaHybridModelState",
+        model_state=model_state,
         capabilities={**CAPABILITIES, **capabilities}, reference="transformers:GraniteMoeHybridForCausalLM",
         examples=[{"name": "tiny-dense-nope", "config": {**TINY, "num_local_experts": 0,
                                                          "position_embedding_type": None}}],
