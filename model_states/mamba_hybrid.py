@@ -145,11 +145,7 @@ class MambaHybridModelState(ModelState):
         """Every Mamba layer's state becomes the one its verification requests' accepted
         positions leave (``accepted`` / ``counts``: device [num_reqs], proposals kept and
         verified per request); no host read."""
-        from core_runner.kernels.mamba_verify import commit_verified
-
         meta = self._verify_meta(batch)
         a, n = meta["first"], meta["num_reqs"]
-        for name, tensors in self._row_states.items():
-            if len(tensors) < 4:
-                raise RuntimeError(f"{name}: a verification step without the per-position scratch")
-            commit_verified(*tensors[:4], meta["rows"], accepted[a:n], counts[a:n])
+        for name in self._row_states:
+            self.model.get_submodule(name).rollback_verification(meta["rows"], accepted[a:n], counts[a:n])

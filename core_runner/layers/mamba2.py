@@ -4,7 +4,9 @@
 The layer processes a ragged batch: several requests' chunks concatenated per
 ``query_start_loc``. Its recurrent state lives in two per-request-row tensors declared
 through ``kv_cache_spec`` (a ``RowStateSpec``) and bound by the runner as
-``self.kv_cache = (conv_state [rows, K - 1, conv_dim], ssm_state [rows, H, P, N])``.
+``self.kv_cache = (conv_state [rows, K - 1, conv_dim], ssm_state [rows, H, P, N])``, plus,
+with speculative decoding, the verification scratch (``kernels/mamba_verify.py``;
+``meta["verify"]`` marks a verification step).
 What it needs per step comes from the forward context, ``attn_metadata.extra["mamba"]``
 (filled by a ModelState such as ``model_states.mamba_hybrid``):
 
@@ -253,15 +255,23 @@ class Mamba2Mixer(nn.Module):
         y = self.norm(y.reshape(-1, self.d_inner), z)
         return self.out_proj(y)
 
+    def rollback_verification(self, rows: torch.Tensor, accepted: torch.Tensor, counts: torch.Tensor) -> None:
+        """After a verification step: the state of each of ``rows`` becomes the one its
+        ``accepted`` (of ``counts``) proposals leave (device tensors; kernels/mamba_verify.py)."""
+        from core_runner.kernels.mamba_verify import commit_verified
+
+        if self.kv_cache is None or len(self.kv_cache) < 4:
+            raise RuntimeError(f"mamba layer {self.layer_name}: a verification step without the per-position scratch")
+        commit_verified(*self.kv_cache[:4], rows, accepted, counts)
+
     def _scan_triton(self, ctx, meta, xbc, dt, A, weight, conv_state, ssm_state, verify) -> torch.Tensor:
         from core_runner.kernels.mamba_ssd_triton import ssd_chunk_scan_varlen_triton
         from core_runner.kernels.mamba_triton import causal_conv1d_varlen_triton, ssm_scan_varlen_triton
 
         gn = self.n_groups * self.d_state
         rows, init, qsl = meta["state_rows"], meta["has_initial_state"], meta["query_start_loc"]
-        conv_out = causal_conv1d_varlen_triton(
-            xbc, weight, self.conv1d.bias, conv_state, rows, init, qsl, self.activation, write_state=meta["write_state"],
-        )
+        conv_out = causal_conv1d_varlen_triton(xbc, weight, self.conv1d.bias, conv_state, rows, init, qsl,
+                                               self.activation, write_state=meta["write_state"])
         x, B, C = conv_out.split([self.d_inner, gn, gn], dim=-1)
         kw = dict(num_heads=self.num_heads, head_dim=self.head_dim, n_groups=self.n_groups, d_state=self.d_state,
                   dt_limit=self.dt_limit, write_state=meta["write_state"])
