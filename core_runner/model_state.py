@@ -11,7 +11,8 @@ Rules (checked by the conformance suite):
 - A dummy run (``batch.is_dummy``) changes no persistent state.
 - Per-row buffers are sized from the workload limits, never from a global maximum.
 - Within a step the runner calls: remove_request (finished and preempted), add_request,
-  apply_staged_writes, prepare_inputs, prepare_attn, forward, postprocess_state.
+  apply_staged_writes, prepare_inputs, prepare_attn, forward, postprocess_state; in a
+  step that verifies speculative proposals, postprocess_verification first.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ from core_runner.step_data.scheduler_output import NewRequest
 
 class ModelState(ABC):
     supported_tasks: ClassVar[tuple[str, ...]] = ("generate",)
+    # False: steps that verify speculative proposals run eagerly (the runner logs it once),
+    # for states whose layers keep per-position state only outside CUDA graphs
+    verification_cuda_graphs: ClassVar[bool] = True
 
     def __init__(self, config: EngineConfig, model: nn.Module, device: torch.device) -> None:
         self.config = config
@@ -72,6 +76,13 @@ class ModelState(ABC):
     @abstractmethod
     def postprocess_state(self, batch: InputBatch, sampled: torch.Tensor | None) -> None:
         """Update own state after sampling (``sampled``: [num_reqs] token ids)."""
+
+    def postprocess_verification(self, batch: InputBatch, accepted: torch.Tensor, counts: torch.Tensor) -> None:
+        """After sampling a verification step: request i kept ``accepted[i]`` of its
+        ``counts[i]`` proposals (device [num_reqs]; counts 0 for requests that verified
+        nothing). State that advanced over the rejected ones must be rolled back here,
+        on the device. Requests verifying proposals are the last ones of the batch."""
+        return None
 
     def pool(self, hidden_states: torch.Tensor, batch: InputBatch) -> list[torch.Tensor | None]:
         """Pooled outputs per request, for states whose task is not ``generate``."""

@@ -23,6 +23,12 @@ and its metadata carries empty block tables that no layer reads.
   ``write_state`` (False for dummy runs, which must not touch any row, the scratch row
   included). Device tensors sit at fixed addresses, refreshed in place each step, so
   captured CUDA graphs read the current step's values.
+- Speculative decoding (docs/hybrid_speculation.md): with ``num_speculative_tokens`` k
+  each Mamba layer's row state also holds a verification scratch; a verification step
+  (requests verifying proposals come last in the batch) adds ``extra["mamba"]["verify"]``,
+  the layers keep each position's state there, and ``postprocess_verification`` rolls
+  every layer back to the accepted count on the device. Verification steps run eagerly
+  (``verification_cuda_graphs = False``).
 """
 from __future__ import annotations
 
@@ -31,8 +37,13 @@ import torch
 from core_runner.sdk import AttnMetadata, InputBatch, KVCacheSpec, ModelState, NewRequest, RowStateSpec, UvaBackedTensor
 from model_states.default import attn_metadata_from_batch, collect_kv_cache_specs
 
+_ROW_TENSORS = ("conv_state", "ssm_state", "conv_window", "ssm_steps")
+
 
 class MambaHybridModelState(ModelState):
+    # the layers keep per-position states only in the eager verification path
+    verification_cuda_graphs = False
+
     def __init__(self, config, model, device) -> None:
         super().__init__(config, model, device)
         self._reset_rows: list[int] = []
@@ -49,6 +60,7 @@ class MambaHybridModelState(ModelState):
     # ---- caches -------------------------------------------------------------------
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         dtype = next(self.model.parameters()).dtype
+        self._declare_verification_scratch()
         specs = collect_kv_cache_specs(self.model, dtype)
         if not any(isinstance(s, RowStateSpec) for s in specs):
             raise ValueError(f"{type(self.model).__name__} has no layer with recurrent row state")
@@ -76,7 +88,7 @@ class MambaHybridModelState(ModelState):
     def row_buffers(self) -> dict[str, torch.Tensor]:
         out = {}
         for name, tensors in self._row_states.items():
-            for kind, t in zip(("conv_state", "ssm_state"), tensors):
+            for kind, t in zip(_ROW_TENSORS, tensors):
                 out[f"{name}.{kind}"] = t
         return out
 
@@ -134,7 +146,7 @@ class MambaHybridModelState(ModelState):
         torch.gt(batch.seq_lens[:r] - q_len, 0, out=has_init)
         init_cpu = torch.zeros(r, dtype=torch.bool)
         init_cpu[: batch.num_reqs] = batch.num_computed_cpu[: batch.num_reqs] > 0
-        md.extra["mamba"] = {
+        md.extra["mamba"] = mamba = {
             "state_rows": batch.idx_mapping,
             "state_rows_cpu": batch.idx_mapping_cpu,
             "has_initial_state": has_init,
@@ -144,7 +156,39 @@ class MambaHybridModelState(ModelState):
             # a dummy run leaves every row alone; a capture records the real step's writes
             "write_state": for_capture or not batch.is_dummy,
         }
+        if batch.spec_counts is not None and any(batch.spec_counts) and not batch.is_dummy:
+            mamba["verify"] = self._verify_meta(batch)
         return md
 
     def postprocess_state(self, batch: InputBatch, sampled: torch.Tensor | None) -> None:
         return None
+
+    # ---- speculative decoding (kernels/mamba_verify.py) -----------------------------
+    def _declare_verification_scratch(self) -> None:
+        """Tell every layer that has a verification scratch how many proposals a step may
+        verify, before it declares its row state."""
+        spec = self.config.speculative_config
+        k = spec.num_speculative_tokens if spec is not None else 0
+        for module in self.model.modules():
+            if hasattr(module, "num_speculative_tokens"):
+                module.num_speculative_tokens = k
+
+    @staticmethod
+    def _verify_meta(batch: InputBatch) -> dict:
+        """Where the verification requests are: the runner puts them after every other
+        request, so they are the batch entries [first, num_reqs)."""
+        counts, n = batch.spec_counts, batch.num_reqs
+        first = next(i for i, k in enumerate(counts) if k)
+        if not all(counts[first:n]):
+            raise RuntimeError(f"verification requests must come last in the batch; proposal counts {counts}")
+        return {"first": first, "num_reqs": n, "first_token": int(batch.query_start_loc_cpu[first]),
+                "rows": batch.idx_mapping[first:n], "starts": batch.query_start_loc[first:n]}
+
+    def postprocess_verification(self, batch: InputBatch, accepted: torch.Tensor, counts: torch.Tensor) -> None:
+        """Every Mamba layer's state becomes the one its verification requests' accepted
+        positions leave (``accepted`` / ``counts``: device [num_reqs], proposals kept and
+        verified per request); no host read."""
+        meta = self._verify_meta(batch)
+        a, n = meta["first"], meta["num_reqs"]
+        for name in self._row_states:
+            self.model.get_submodule(name).rollback_verification(meta["rows"], accepted[a:n], counts[a:n])

@@ -18,7 +18,7 @@ import pytest
 import torch
 from helpers import Checkpoint, greedy, hf_logits, make_engine, random_prompts, run
 
-from core_runner import LLM, SamplingParams
+from core_runner import SamplingParams
 from core_runner.config import EngineConfig
 from core_runner.oracle import UnsupportedError, plan_execution
 from core_runner.plugins import load_plugins
@@ -230,26 +230,18 @@ def registry():
     return load_plugins().registry
 
 
-@pytest.mark.parametrize("arch", ["GraniteMoeHybridForCausalLM", "Qwen3Model"])
+@pytest.mark.parametrize("arch", ["Qwen3Model"])
 def test_families_without_the_capability_refuse_speculation(registry, arch):
     with pytest.raises(UnsupportedError, match=f"speculative_config \\(method 'ngram'\\) needs the "
                                                f"speculative_decoding capability, which {arch} declares unsupported"):
         plan_execution(EngineConfig(model="x", speculative_config=ngram(2), strict=False), registry.get(arch))
 
 
-def test_engine_refuses_speculation_for_granite_hybrid(tmp_path):
-    """The refusal comes from the plan, before any weight is read (the folder holds a
-    config only)."""
-    import test_granite_hybrid
-    import transformers
-
-    spec = {k: v for k, v in test_granite_hybrid.SPECS["dense_nope"].items() if k != "seed"}
-    cfg = transformers.GraniteMoeHybridConfig(**test_granite_hybrid.BASE, **spec)
-    cfg.architectures = ["GraniteMoeHybridForCausalLM"]
-    cfg.save_pretrained(str(tmp_path))
-    with pytest.raises(UnsupportedError, match="needs the speculative_decoding capability, which "
-                                               "GraniteMoeHybridForCausalLM declares unsupported"):
-        LLM(str(tmp_path), device="cpu", dtype="float32", speculative_config=ngram(2))
+def test_granite_hybrid_plans_speculation(registry):
+    """The hybrid declares speculation (docs/hybrid_speculation.md): the plan keeps it."""
+    plan = plan_execution(EngineConfig(model="x", speculative_config=ngram(2), strict=True),
+                          registry.get("GraniteMoeHybridForCausalLM"))
+    assert plan.num_speculative_tokens == 2
 
 
 @pytest.mark.parametrize("arch", ["Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "DeepseekV2ForCausalLM",

@@ -135,10 +135,10 @@ def causal_conv1d_varlen_triton(
 
 @triton.jit
 def _ssm_varlen_kernel(
-    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, state_ptr, rows_ptr, init_ptr, qsl_ptr, out_ptr,
+    x_ptr, dt_ptr, A_ptr, B_ptr, C_ptr, D_ptr, dtb_ptr, state_ptr, rows_ptr, init_ptr, qsl_ptr, out_ptr, steps_ptr,
     HP, P, N, heads_per_group, dt_min, dt_max,
-    stride_xt, stride_dtt, stride_bt, stride_ct, stride_sr, stride_ot,
-    HAS_LIMIT: tl.constexpr, WRITE_STATE: tl.constexpr, SINGLE_ONLY: tl.constexpr,
+    stride_xt, stride_dtt, stride_bt, stride_ct, stride_sr, stride_ot, stride_pr, stride_pj, num_steps,
+    HAS_LIMIT: tl.constexpr, WRITE_STATE: tl.constexpr, SINGLE_ONLY: tl.constexpr, SAVE_STEPS: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     # one program: BLOCK_R rows of the flattened (head, head_dim) axis x all N state columns
@@ -178,6 +178,10 @@ def _ssm_varlen_kernel(
         S = S * dA[:, None] + (dt * x)[:, None] * Bv
         y = tl.sum(S * Cv, axis=1) + Dh * x
         tl.store(out_ptr + t * stride_ot + r, y.to(out_ptr.dtype.element_ty), mask=rm)
+        if SAVE_STEPS:  # the state after each of the first num_steps positions (speculative verification)
+            j = t - start
+            tl.store(steps_ptr + row * stride_pr + j * stride_pj + r[:, None] * N + n[None, :], S,
+                     mask=smask & ((zero + j) < num_steps))
     if WRITE_STATE:
         tl.debug_barrier()  # every thread has read the old state before any overwrites it
         tl.store(s_ptrs, S.to(state_ptr.dtype.element_ty), mask=smask & ((zero + end) > start))
@@ -189,11 +193,14 @@ def ssm_scan_varlen_triton(
     query_start_loc: torch.Tensor, *, num_heads: int, head_dim: int, n_groups: int, d_state: int,
     dt_limit: tuple[float, float] = (0.0, float("inf")), write_state: bool = True,
     out: torch.Tensor | None = None, single_token_rows_only: bool = False,
+    save_steps: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H*P], dt [T, H], B/C [T, G*N] (row strides free, inner stride 1), A/D/dt_bias
     [H], ssm_state [rows, H, P, N]. Returns y [T, H, P] float32 (padding tokens zero).
     ``single_token_rows_only``: leave requests of more than one token alone (their
-    outputs and state), for the chunked scan to take them."""
+    outputs and state), for the chunked scan to take them. ``save_steps`` [rows, k, H,
+    P, N] float32: also store the state after each of a request's first k tokens at
+    ``save_steps[row, j]`` (speculative verification keeps them to roll back to)."""
     T = x.shape[0]
     for t in (x, dt, B, C):
         assert t.stride(-1) == 1
@@ -211,12 +218,17 @@ def ssm_scan_varlen_triton(
         BLOCK_R = min(triton.next_power_of_2(HP), max(1, 4096 // BLOCK_N), 64)
     lo, hi = dt_limit
     has_limit = lo > 0.0 or hi != float("inf")
+    if save_steps is not None:
+        assert save_steps.dtype == torch.float32 and save_steps[0, 0].is_contiguous()
+        steps, steps_strides = save_steps, (save_steps.stride(0), save_steps.stride(1), save_steps.shape[1])
+    else:
+        steps, steps_strides = out, (0, 0, 0)
     grid = (R, triton.cdiv(HP, BLOCK_R))
     _ssm_varlen_kernel[grid](
-        x, dt, A, B, C, D, dt_bias, ssm_state, state_rows, _as_u8(has_init), query_start_loc, out,
+        x, dt, A, B, C, D, dt_bias, ssm_state, state_rows, _as_u8(has_init), query_start_loc, out, steps,
         HP, head_dim, d_state, num_heads // n_groups, float(lo), float(hi) if has_limit else 0.0,
-        x.stride(0), dt.stride(0), B.stride(0), C.stride(0), ssm_state.stride(0), out.stride(0),
+        x.stride(0), dt.stride(0), B.stride(0), C.stride(0), ssm_state.stride(0), out.stride(0), *steps_strides,
         HAS_LIMIT=has_limit, WRITE_STATE=write_state, SINGLE_ONLY=single_token_rows_only,
-        BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
+        SAVE_STEPS=save_steps is not None, BLOCK_R=BLOCK_R, BLOCK_N=BLOCK_N,
     )
     return out

@@ -4,7 +4,9 @@
 The layer processes a ragged batch: several requests' chunks concatenated per
 ``query_start_loc``. Its recurrent state lives in two per-request-row tensors declared
 through ``kv_cache_spec`` (a ``RowStateSpec``) and bound by the runner as
-``self.kv_cache = (conv_state [rows, K - 1, conv_dim], ssm_state [rows, H, P, N])``.
+``self.kv_cache = (conv_state [rows, K - 1, conv_dim], ssm_state [rows, H, P, N])``, plus,
+with speculative decoding, the verification scratch (``kernels/mamba_verify.py``;
+``meta["verify"]`` marks a verification step).
 What it needs per step comes from the forward context, ``attn_metadata.extra["mamba"]``
 (filled by a ModelState such as ``model_states.mamba_hybrid``):
 
@@ -207,17 +209,24 @@ class Mamba2Mixer(nn.Module):
             getattr(self, name).weight_loader = _parts_loader([heads], f"mamba {name}")
         self.norm = GatedRMSNorm(d_inner, d_inner // n_groups, norm_eps, split=True)
         self.out_proj = RowParallelLinear(d_inner, hidden_size, bias=proj_bias)
-        self.kv_cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.kv_cache: tuple[torch.Tensor, ...] | None = None
         self.layer_name = ""
+        # set by the ModelState before the state is declared: > 0 adds the verification
+        # scratch (kernels/mamba_verify.py) to the row state
+        self.num_speculative_tokens = 0
 
     def kv_cache_spec(self, layer_name: str, dtype: torch.dtype) -> RowStateSpec:
-        """Per row: the last d_conv - 1 conv inputs (model dtype) and the SSM state (float32)."""
+        """Per row: the last d_conv - 1 conv inputs (model dtype) and the SSM state (float32);
+        with k = ``num_speculative_tokens`` > 0 also the verification scratch, a conv window
+        [d_conv - 1 + k + 1, conv_dim] and k SSM states (kernels/mamba_verify.py)."""
         self.layer_name = layer_name
-        return RowStateSpec(
-            layer_name,
-            shapes=((self.d_conv - 1, self.conv_dim), (self.num_heads, self.head_dim, self.d_state)),
-            dtypes=(dtype, torch.float32),
-        )
+        ssm = (self.num_heads, self.head_dim, self.d_state)
+        shapes, dtypes = ((self.d_conv - 1, self.conv_dim), ssm), (dtype, torch.float32)
+        k = self.num_speculative_tokens
+        if k:
+            shapes += ((self.d_conv + k, self.conv_dim), (k, *ssm))
+            dtypes += (dtype, torch.float32)
+        return RowStateSpec(layer_name, shapes=shapes, dtypes=dtypes)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()
@@ -226,44 +235,88 @@ class Mamba2Mixer(nn.Module):
         meta: dict[str, Any] | None = ctx.attn_metadata.extra.get("mamba")
         if meta is None:
             raise RuntimeError("mamba layer: attn_metadata.extra['mamba'] is missing (use MambaHybridModelState)")
-        conv_state, ssm_state = self.kv_cache
+        conv_state, ssm_state = self.kv_cache[:2]
         proj = self.in_proj(hidden)
         z, xbc, dt = proj.split([self.d_inner, self.conv_dim, self.num_heads], dim=-1)
         A = -torch.exp(self.A_log.float())
         weight = self.conv1d.weight.view(self.conv_dim, self.d_conv)
-        gn = self.n_groups * self.d_state
+        verify = meta.get("verify")
+        if verify is not None:
+            if len(self.kv_cache) < 4:
+                raise RuntimeError(f"mamba layer {self.layer_name}: a verification step needs the per-position "
+                                   "scratch (num_speculative_tokens was 0 when its state was declared)")
+            from core_runner.kernels.mamba_verify import stash_conv_window
+
+            stash_conv_window(conv_state, self.kv_cache[2], xbc, verify["rows"], verify["starts"])
         if use_triton_kernels(hidden):
-            from core_runner.kernels.mamba_ssd_triton import ssd_chunk_scan_varlen_triton
-            from core_runner.kernels.mamba_triton import causal_conv1d_varlen_triton, ssm_scan_varlen_triton
-
-            conv_out = causal_conv1d_varlen_triton(
-                xbc, weight, self.conv1d.bias, conv_state, meta["state_rows"], meta["has_initial_state"],
-                meta["query_start_loc"], self.activation, write_state=meta["write_state"],
-            )
-            x, B, C = conv_out.split([self.d_inner, gn, gn], dim=-1)
-            # max_query_len is a host-side bound (1 for decode steps and decode graphs, the
-            # padded token count for mixed graphs): prefill steps take the chunked scan
-            # (which still gives single-token rows the one-step update), decode steps the
-            # one-step update alone
-            if ctx.attn_metadata.max_query_len > 1:
-                scan = functools.partial(ssd_chunk_scan_varlen_triton, chunk_size=self.chunk_size)
-            else:
-                scan = ssm_scan_varlen_triton
-            y = scan(
-                x, dt, A, B, C, self.D, self.dt_bias, ssm_state, meta["state_rows"], meta["has_initial_state"],
-                meta["query_start_loc"], num_heads=self.num_heads, head_dim=self.head_dim,
-                n_groups=self.n_groups, d_state=self.d_state, dt_limit=self.dt_limit,
-                write_state=meta["write_state"],
-            )
+            y = self._scan_triton(ctx, meta, xbc, dt, A, weight, conv_state, ssm_state, verify)
         else:
-            from core_runner.kernels.mamba import mamba_varlen_ref
-
-            y = mamba_varlen_ref(
-                xbc, dt, weight, self.conv1d.bias, A, self.D, self.dt_bias, conv_state, ssm_state,
-                meta["state_rows_cpu"].tolist(), meta["has_initial_state_cpu"].tolist(),
-                meta["query_start_loc_cpu"].tolist(), d_inner=self.d_inner, num_heads=self.num_heads,
-                head_dim=self.head_dim, n_groups=self.n_groups, d_state=self.d_state, chunk_size=self.chunk_size,
-                activation=self.activation, dt_limit=self.dt_limit, write_state=meta["write_state"],
-            )
+            y = self._scan_ref(meta, xbc, dt, A, weight, conv_state, ssm_state, verify)
         y = self.norm(y.reshape(-1, self.d_inner), z)
         return self.out_proj(y)
+
+    def rollback_verification(self, rows: torch.Tensor, accepted: torch.Tensor, counts: torch.Tensor) -> None:
+        """After a verification step: the state of each of ``rows`` becomes the one its
+        ``accepted`` (of ``counts``) proposals leave (device tensors; kernels/mamba_verify.py)."""
+        from core_runner.kernels.mamba_verify import commit_verified
+
+        if self.kv_cache is None or len(self.kv_cache) < 4:
+            raise RuntimeError(f"mamba layer {self.layer_name}: a verification step without the per-position scratch")
+        commit_verified(*self.kv_cache[:4], rows, accepted, counts)
+
+    def _scan_triton(self, ctx, meta, xbc, dt, A, weight, conv_state, ssm_state, verify) -> torch.Tensor:
+        from core_runner.kernels.mamba_ssd_triton import ssd_chunk_scan_varlen_triton
+        from core_runner.kernels.mamba_triton import causal_conv1d_varlen_triton, ssm_scan_varlen_triton
+
+        gn = self.n_groups * self.d_state
+        rows, init, qsl = meta["state_rows"], meta["has_initial_state"], meta["query_start_loc"]
+        conv_out = causal_conv1d_varlen_triton(xbc, weight, self.conv1d.bias, conv_state, rows, init, qsl,
+                                               self.activation, write_state=meta["write_state"])
+        x, B, C = conv_out.split([self.d_inner, gn, gn], dim=-1)
+        kw = dict(num_heads=self.num_heads, head_dim=self.head_dim, n_groups=self.n_groups, d_state=self.d_state,
+                  dt_limit=self.dt_limit, write_state=meta["write_state"])
+        if verify is not None:
+            # verification requests come last in the batch (runner order): the requests
+            # before them take the usual scan, they the sequential one, saving each
+            # position's state (kernels/mamba_verify.py)
+            a, ta = verify["first"], verify["first_token"]
+            y = torch.zeros(x.shape[0], self.num_heads, self.head_dim, dtype=torch.float32, device=x.device)
+            if a:
+                ssd_chunk_scan_varlen_triton(x[:ta], dt[:ta], A, B[:ta], C[:ta], self.D, self.dt_bias, ssm_state,
+                                             rows[:a], init[:a], qsl[:a + 1], out=y[:ta], chunk_size=self.chunk_size,
+                                             **kw)
+            n = verify["num_reqs"]
+            return ssm_scan_varlen_triton(x, dt, A, B, C, self.D, self.dt_bias, ssm_state, rows[a:n], init[a:n],
+                                          qsl[a:n + 1], out=y, save_steps=self.kv_cache[3], **kw)
+        # max_query_len is a host-side bound (1 for decode steps and decode graphs, the
+        # padded token count for mixed graphs): prefill steps take the chunked scan
+        # (which still gives single-token rows the one-step update), decode steps the
+        # one-step update alone
+        if ctx.attn_metadata.max_query_len > 1:
+            scan = functools.partial(ssd_chunk_scan_varlen_triton, chunk_size=self.chunk_size)
+        else:
+            scan = ssm_scan_varlen_triton
+        return scan(x, dt, A, B, C, self.D, self.dt_bias, ssm_state, rows, init, qsl, **kw)
+
+    def _scan_ref(self, meta, xbc, dt, A, weight, conv_state, ssm_state, verify) -> torch.Tensor:
+        from core_runner.kernels.mamba import mamba_varlen_ref
+
+        rows = meta["state_rows_cpu"].tolist()
+        init = meta["has_initial_state_cpu"].tolist()
+        qsl = meta["query_start_loc_cpu"].tolist()
+        sizes = dict(d_inner=self.d_inner, num_heads=self.num_heads, head_dim=self.head_dim, n_groups=self.n_groups,
+                     d_state=self.d_state, activation=self.activation, dt_limit=self.dt_limit)
+        a = verify["first"] if verify is not None else len(rows)
+        y = mamba_varlen_ref(
+            xbc, dt, weight, self.conv1d.bias, A, self.D, self.dt_bias, conv_state, ssm_state,
+            rows[:a], init[:a], qsl[:a + 1], chunk_size=self.chunk_size, write_state=meta["write_state"], **sizes,
+        )
+        if verify is None:
+            return y
+        from core_runner.kernels.mamba_verify import mamba_verify_ref
+
+        n = verify["num_reqs"]
+        return y + mamba_verify_ref(
+            xbc, dt, weight, self.conv1d.bias, A, self.D, self.dt_bias, conv_state, ssm_state, self.kv_cache[3],
+            rows[a:n], qsl[a:n + 1], **sizes,
+        )

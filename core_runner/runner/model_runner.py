@@ -83,6 +83,7 @@ class ModelRunner:
         # draft model's runner (None for n-gram proposals)
         self.spec = config.speculative_config
         self.spec_rows: set[int] = set()
+        self._logged_eager_verification = False
         # with speculation a request's host counts are upper bounds while a step is in flight
         # (async); a backend that reads host lengths (not graph-capable: the torch reference)
         # gets exact ones copied back from the device, free on the CPU
@@ -165,13 +166,14 @@ class ModelRunner:
         self.model_state.apply_staged_writes()
         if out.is_empty:
             return AsyncOutput.done(ModelRunnerOutput([], []))
-        # 4. idx_mapping: decode rows first, then prefill chunks
-        sched = out.num_scheduled_tokens
-        req_ids = sorted(sched, key=lambda r: sched[r] > 1)
+        # 4. idx_mapping: decode rows first, then prefill chunks, then requests verifying
+        # proposals (a ModelState may rely on that order: model_state.py)
+        sched, verify = out.num_scheduled_tokens, out.spec_token_counts
+        req_ids = sorted(sched, key=lambda r: (sched[r] > 1) + (verify.get(r, 0) > 0))
         rows = [self.req_state.req_id_to_row[r] for r in req_ids]
         q_lens = [sched[r] for r in req_ids]
         computed = [out.num_computed_tokens[r] for r in req_ids]
-        batch = self._build_batch(req_ids, rows, q_lens, computed)
+        batch = self._build_batch(req_ids, rows, q_lens, computed, eager=self._eager_verification(out))
         if out.spec_token_counts:
             batch.spec_counts = [out.spec_token_counts.get(r, 0) for r in req_ids]
         if self.spec is not None:
@@ -199,6 +201,16 @@ class ModelRunner:
                 logger.exception("discarding the staged writes of %s after a failed step", type(part).__name__)
         self._remove(req_ids)
 
+    def _eager_verification(self, out: SchedulerOutput) -> bool:
+        """A step verifying proposals runs eagerly when the ModelState says its layers need it."""
+        if not any(out.spec_token_counts.values()) or self.model_state.verification_cuda_graphs or self.graphs is None:
+            return False
+        if not self._logged_eager_verification:
+            logger.info("CUDA graphs off for verification steps: %s keeps per-position state only in eager steps",
+                        type(self.model_state).__name__)
+            self._logged_eager_verification = True
+        return True
+
     def _dummy_batch(self, num_reqs: int, num_tokens: int, key: GraphKey | None = None) -> InputBatch:
         """Every request points at the scratch row (no cached tokens); no slot is written.
         Tokens are spread so that no request exceeds max_model_len; a step can never hold
@@ -214,11 +226,11 @@ class ModelRunner:
 
     def _build_batch(
         self, req_ids: list[str], rows: list[int], q_lens: list[int], computed: list[int],
-        key: GraphKey | None = None, dummy: bool = False,
+        key: GraphKey | None = None, dummy: bool = False, eager: bool = False,
     ) -> InputBatch:
         # 5. input prep on the device from persistent state
         n, t = len(rows), sum(q_lens)
-        if key is None and self.graphs is not None and not dummy:
+        if key is None and self.graphs is not None and not dummy and not eager:
             key = self.graphs.select(n, t, all(q == 1 for q in q_lens))
         r_pad, t_pad = (key.num_reqs, key.num_tokens) if key else (n, t)
         idx, qsl, idx_cpu, qsl_cpu = self.inputs.stage(rows, q_lens, r_pad, self.req_state.scratch_row)
@@ -372,6 +384,7 @@ class ModelRunner:
         # the kept proposals are already in the token table: count them as known, then the
         # usual update appends the sampled token after them
         counts = v.counts_dev
+        self.model_state.postprocess_verification(batch, accepted, counts)
         tables["num_tokens"].index_add_(0, idx.long(), accepted.to(tables["num_tokens"].dtype))
         self._post_update(batch, (num_sched - counts + accepted).to(num_sched.dtype), final)
         matched = self._propose(batch, v.logits_indices[v.first + accepted])

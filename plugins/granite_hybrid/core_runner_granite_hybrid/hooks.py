@@ -26,9 +26,9 @@ CAPABILITIES = {
     "tensor_parallel": "supported",
     # whole experts per rank (FusedMoE)
     "expert_parallel": "supported",
-    # the Mamba layers' recurrent state would have to return to the accepted prefix after
-    # a rejection (per-position state snapshots), which is not kept
-    "speculative_decoding": "unsupported",
+    # verification keeps the Mamba state after each position and rolls back to the
+    # accepted one (docs/hybrid_speculation.md); verification steps run eagerly
+    "speculative_decoding": "supported",
 }
 
 # mamba_n_groups=1: transformers 5.17 (the GPU image's reference; 5.24 is fixed) ignores the groups

@@ -20,9 +20,9 @@ CAPABILITIES = {
     # Mamba heads split across ranks, B / C groups split or replicated, vocabulary split
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers
-    # a rejected proposal would need the recurrent state rolled back to the accepted prefix
-    # (per-position state snapshots, not kept)
-    "speculative_decoding": "unsupported",
+    # verification keeps the state after each position and rolls back to the accepted one
+    # (docs/hybrid_speculation.md); verification steps run eagerly
+    "speculative_decoding": "supported",
 }
 
 # the conv activation is the only activation a Mamba2 mixer has; swish is silu
