@@ -42,12 +42,20 @@ class PagedCacheSpec:
 class RowStateSpec:
     """Fixed-size state per request row (for example a conv window and an SSM state).
 
-    Allocated as one tensor ``[num_rows, *shape]`` per entry of ``shapes``.
+    Allocated as one tensor ``[num_rows, *shape]`` per entry of ``shapes``. The last
+    ``scratch`` entries are per-step working space (e.g. a verification step's per-position
+    states), not state carried between steps: prefix-cache snapshots leave them out.
     """
 
     layer_name: str
     shapes: tuple[tuple[int, ...], ...]
     dtypes: tuple[torch.dtype, ...]
+    scratch: int = 0
+
+    def persistent(self) -> RowStateSpec:
+        """This spec without its scratch entries: what a snapshot of the row keeps."""
+        n = len(self.shapes) - self.scratch
+        return RowStateSpec(self.layer_name, self.shapes[:n], self.dtypes[:n])
 
     def bytes_per_row(self) -> int:
         total = 0

@@ -87,17 +87,48 @@ def _speculating(ctx: Ctx, spec: dict | None = None, **opts: Any) -> Any:
 # CR-SPEC-01
 # ---------------------------------------------------------------------------------
 def _workload(ctx: Ctx) -> list[tuple[str, list[int], Any]]:
-    """Repetitive prompts (a short pattern repeated: the n-gram finds its continuation) and
-    random ones (proposals mostly rejected), greedy and seeded-sampled (top_p 0.9)."""
+    """Repetitive prompts (a short pattern repeated, or the model's own output: the n-gram
+    finds its continuation) and random ones (proposals mostly rejected), greedy and
+    seeded-sampled (top_p 0.9)."""
     a, b = ctx.ref.prompts([4, 3], seed=131)
     rep0, rep1 = (a * 5)[:18], (b * 5)[:13]
     rnd0, rnd1 = ctx.ref.prompts([15, 10], seed=137)
-    return [("rep0", rep0, greedy(N_OUT)), ("rep1", rep1, greedy(N_OUT)), ("rnd0", rnd0, greedy(N_OUT)),
+    loop = _echo_prompt(ctx, rnd1)
+    return [("loop", loop, greedy(N_OUT)), ("rep0", rep0, greedy(N_OUT)), ("rep1", rep1, greedy(N_OUT)), ("rnd0", rnd0, greedy(N_OUT)),
             ("rnd1", rnd1, greedy(N_OUT)), ("seeded-rep", rep0, sampled(N_OUT, seed=11)),
             ("seeded-rnd", rnd1, sampled(N_OUT, seed=12)),
             # at 0.8 a tiny random model's distribution is flat and proposals almost never
             # match; a cold request gets some accepted under sampling too
             ("seeded-cold", rep1, sampled(N_OUT, seed=13, temperature=0.1))]
+
+
+def _predicted(seq: list[int]) -> int | None:
+    """What a 1-token lookup proposes after ``seq``: the token after the last token's
+    previous occurrence."""
+    for i in range(len(seq) - 2, -1, -1):
+        if seq[i] == seq[-1]:
+            return seq[i + 1]
+    return None
+
+
+def _echo_prompt(ctx: Ctx, first: list[int]) -> list[int]:
+    """A prompt, the model's own greedy continuation of it, then the prompt again: a model
+    whose state forgets fast (random recurrent examples repeat nothing they are shown)
+    continues the second copy as it did the first, so lookups are accepted. Of a few such
+    prompts, the first whose second greedy output token (the reference's; the first comes
+    from the prefill, with no proposal) is what a lookup proposes after the first."""
+    candidates = [first] + ctx.ref.prompts([10] * 5, seed=151)
+    echoes = []
+    for r in candidates:
+        g = ctx.ref.greedy(r, 12)
+        echo = r + g + r + g[:2]
+        # the first output comes from the prefill; the proposals made after it must match
+        t0, t1 = ctx.ref.greedy(echo, 2)
+        if t1 == _predicted(echo + [t0]):
+            ctx.note(f"echo prompt {len(echoes)} of {len(candidates)}: its second token is the lookup's proposal")
+            return echo
+        echoes.append(echo)
+    return echoes[0]
 
 
 def speculation_equals_plain_decoding(ctx: Ctx) -> None:
@@ -147,7 +178,8 @@ def _run_preempting(ctx: Ctx, where: str, chunked: bool, spec: dict | None = Non
     s.drain()
     if s.outs["rep0"].num_preemptions != 1:
         fail(f"setup: rep0 was preempted {s.outs['rep0'].num_preemptions} times, expected 1")
-    if chunked and not any(0 < st.num_computed.get("rep0", 0) < len(requests[0][1]) for st in s.rec.steps):
+    rep0_len = len(dict((r, p) for r, p, _ in requests)["rep0"])
+    if chunked and not any(0 < st.num_computed.get("rep0", 0) < rep0_len for st in s.rec.steps):
         fail(f"setup: {where} did not chunk rep0's prompt")
     return s
 

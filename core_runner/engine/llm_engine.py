@@ -249,10 +249,11 @@ class LLMEngine:
         per_row = sum(s.bytes_per_row() for s in specs if isinstance(s, RowStateSpec))
         pool_per_token = self.runner.kv_layout.pool_bytes_per_token(specs)
         slots = self.runner.state_snapshot_slots
+        snap_row = sum(s.persistent().bytes_per_row() for s in specs if isinstance(s, RowStateSpec))
         return {"kv_bytes_per_token": per_token, "kv_pool_bytes_per_token": pool_per_token,
                 "state_bytes_per_row": per_row, "num_blocks": getattr(self, "num_blocks", 0),
                 "kv_cache_groups": self.runner.kv_layout.num_groups,
-                "state_snapshot_slots": slots, "state_snapshot_bytes": slots * per_row}
+                "state_snapshot_slots": slots, "state_snapshot_bytes": slots * snap_row}
 
     def _check_state_snapshot_options(self) -> None:
         """mamba_block_size / mamba_cache_slots given to an engine that keeps no row-state

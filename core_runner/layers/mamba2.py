@@ -226,7 +226,7 @@ class Mamba2Mixer(nn.Module):
         if k:
             shapes += ((self.d_conv + k, self.conv_dim), (k, *ssm))
             dtypes += (dtype, torch.float32)
-        return RowStateSpec(layer_name, shapes=shapes, dtypes=dtypes)
+        return RowStateSpec(layer_name, shapes=shapes, dtypes=dtypes, scratch=2 if k else 0)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         ctx = get_forward_context()

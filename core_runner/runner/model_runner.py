@@ -131,7 +131,7 @@ class ModelRunner:
         self.model_state.bind_kv_caches({k: v for k, v in self.kv_caches.items() if not k.startswith("drafter.")})
         if self.state_snapshot_slots:
             self.model_state.bind_state_snapshots({
-                s.layer_name: s.allocate(self.state_snapshot_slots, self.device)
+                s.layer_name: s.persistent().allocate(self.state_snapshot_slots, self.device)
                 for s in self.model_state.kv_cache_specs() if isinstance(s, RowStateSpec)})
 
     # ---- one step -----------------------------------------------------------------
