@@ -11,7 +11,8 @@ from __future__ import annotations
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-SDK_VERSION = "1.2.0"  # 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches
+SDK_VERSION = "1.3.0"  # 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches;
+# 1.3: linear layers take quantized= (fp8 weights resident by default when the checkpoint is fp8)
 
 
 def check_sdk_range(spec: str | None, plugin: str, what: str) -> None:
