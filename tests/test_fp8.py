@@ -297,14 +297,16 @@ def test_prepare_passes_unquantized_tensors_and_refuses_mismatches():
         q.prepare("b.weight", w8, store.get, torch.float32)
 
 
-def test_family_without_the_capability_refuses_an_fp8_checkpoint(untied, tmp_path):
-    """Qwen3 declares no quantization:fp8: its checkpoint with a quantization_config is refused
-    before loading (its Linear layers would otherwise read the raw tensors)."""
+def test_family_without_the_capability_refuses_a_quantized_checkpoint(untied, tmp_path):
+    """Qwen3 declares no quantization:compressed-tensors: its checkpoint with such a
+    quantization_config is refused before loading (and before the format is parsed)."""
+    from core_runner.conformance.quantized import compressed_tensors_fp8_config
     from core_runner.oracle import UnsupportedError
 
-    bad = _variant(untied, tmp_path, edit_config=lambda c: c.update(quantization_config=QUANT))
-    with pytest.raises(UnsupportedError, match=r"quant_method='fp8'.*Qwen3ForCausalLM declares quantization:fp8 "
-                                               r"unsupported"):
+    qc = compressed_tensors_fp8_config()
+    bad = _variant(untied, tmp_path, edit_config=lambda c: c.update(quantization_config=qc))
+    with pytest.raises(UnsupportedError, match=r"quant_method='compressed-tensors'.*Qwen3ForCausalLM declares "
+                                               r"quantization:compressed-tensors unsupported"):
         make_engine(bad)
 
 
@@ -313,3 +315,4 @@ def test_deepseek_declares_fp8():
 
     reg = load_plugins().registry.get("DeepseekV3ForCausalLM")
     assert reg.capability("quantization:fp8").supported
+    assert load_plugins().registry.get("Qwen3ForCausalLM").capability("quantization:fp8").supported
