@@ -8,8 +8,11 @@ Stacked experts carry a leading expert dim on both.
 
 Loading: a part of a fused weight (q/k/v, gate/up) lands at its row offset, which must be
 a multiple of b0 (and so must a tensor-parallel rank's first row or column of the
-checkpoint tensor: ``resident_scale`` checks that side); otherwise loading is refused by
-name. A checkpoint tensor that is not quantized (a router, an ``ignore``d module, or any
+checkpoint tensor: ``resident_scale`` checks that side). Where a split cannot align (a
+40-wide expert split 4 ways over 16-wide blocks) the layer cannot keep its own scales: it
+goes dense (dequantized at load, its weight in the model's dtype) with a warning naming
+the layer, the rows and the block, rather than refusing a checkpoint that loads.
+A checkpoint tensor that is not quantized (a router, an ``ignore``d module, or any
 tensor handed over whole by a ``transform``) turns the layer back into a dense one of the
 model's dtype, dequantizing what it already holds.
 
@@ -20,6 +23,8 @@ activations' dtype, so the CPU tests compute with exactly the checkpoint's value
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -27,6 +32,7 @@ from torch import nn
 from core_runner.quantization.construction import resident_fp8_block
 from core_runner.quantization.fp8 import expand_block_scale, expected_scale_shape
 
+logger = logging.getLogger(__name__)
 FP8 = torch.float8_e4m3fn
 SCALE = "weight_scale_inv"
 
@@ -38,7 +44,9 @@ def make_fp8_resident(module: nn.Module, param: nn.Parameter) -> bool:
     module.fp8_block = block
     if block is None:
         return False
-    module.dense_dtype = param.dtype
+    # the loader reads checkpoint tensors into this dtype (an unquantized tensor, or one that
+    # turns the layer dense), never into fp8
+    module.dense_dtype = param.dense_dtype = param.dtype
     shape = tuple(param.shape)
     param.data = torch.empty(shape, dtype=FP8, device=param.device)
     module.register_buffer(SCALE, torch.empty(expected_scale_shape(shape, block), dtype=torch.float32,
@@ -85,14 +93,19 @@ def load_rows(module: nn.Module, param: nn.Parameter, row0: int, rows: int, load
         return copy_into(dst_of(param.data), loaded, what)
     b0 = module.fp8_block[0]
     total = param.shape[-2]
-    if row0 % b0 or (rows % b0 and row0 + rows != total):
-        raise ValueError(f"{what}: rows [{row0}, {row0 + rows}) of the fp8 weight ({total} rows) do not align to its "
-                         f"scale blocks of {b0} rows (weight_block_size {list(module.fp8_block)}): fused parts and "
-                         f"tensor-parallel splits must start at multiples of {b0}")
     dst = dst_of(param.data)
     if tuple(dst.shape) != tuple(loaded.shape):
         raise ValueError(f"{what} has shape {tuple(loaded.shape)}, expected {tuple(dst.shape)}")
-    scale = loaded.load_resident_scale()
+    try:
+        if row0 % b0 or (rows % b0 and row0 + rows != total):
+            raise ValueError(f"{what}: rows [{row0}, {row0 + rows}) of the fp8 weight ({total} rows) do not align to "
+                             f"its scale blocks of {b0} rows (weight_block_size {list(module.fp8_block)}): fused "
+                             f"parts and tensor-parallel splits must start at multiples of {b0}")
+        scale = loaded.load_resident_scale()
+    except ValueError as e:
+        logger.warning("fp8 weights of %s kept dense (dequantized at load): %s", type(module).__name__, e)
+        to_dense(module)
+        return copy_into(dst_of(param.data), loaded, what)
     scales = getattr(module, SCALE)
     scales = scales if index is None else scales[index]
     want = expected_scale_shape(tuple(dst.shape), module.fp8_block)

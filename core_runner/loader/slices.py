@@ -173,5 +173,7 @@ def open_checkpoint_slice(
             scale = quantization.scale_for(name, stored, shape, lookup)
         except ValueError as e:
             raise CheckpointError(f"{where(file, name)}: {e}") from e
-    src = _Source(handle, raw, file, name, shape, stored, param.dtype, param.device, quantization, lookup, scale)
+    # a layer holding fp8 weights reads dense tensors in the model's dtype (``dense_dtype``)
+    dtype = getattr(param, "dense_dtype", param.dtype)
+    src = _Source(handle, raw, file, name, shape, stored, dtype, param.device, quantization, lookup, scale)
     return CheckpointSlice(src, tuple((0, n) for n in shape))

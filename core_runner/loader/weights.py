@@ -115,7 +115,8 @@ def load_weights(
                 parts.record(target, shard, f"{file.name}:{name}")
                 whole = open_checkpoint_slice(f, file, name, param, quantization, lookup)
                 if transform is not None:
-                    loaded = prepared(transform(name, whole.read()), param.dtype, param.device, file, name)
+                    loaded = prepared(transform(name, whole.read()), getattr(param, "dense_dtype", param.dtype),
+                                      param.device, file, name)
                 elif accepts_slices(getattr(param, "weight_loader", None)):
                     loaded = whole
                 else:
