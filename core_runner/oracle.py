@@ -22,6 +22,7 @@ from core_runner.attention.registry import backend_class, backend_names, backend
 from core_runner.config import EngineConfig
 from core_runner.kv_cache_dtype import CAPABILITY as KV_FP8
 from core_runner.quantization import quantization_from_config
+from core_runner.quantization.base import SUPPORTED
 from core_runner.registry import Registration
 
 logger = logging.getLogger(__name__)
@@ -46,16 +47,23 @@ class ExecutionPlan:
 def check_quantization(hf_config: Any, reg: Registration) -> None:
     """Refuse a quantized checkpoint whose family does not declare ``quantization:<method>``
     (its layers may not load the format's tensors). Unknown formats are refused by the parser."""
-    quant = quantization_from_config(hf_config)
-    if quant is None:
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is None:
         return
-    cap = reg.capability(f"quantization:{quant.method}")
-    if not cap.supported:
-        raise UnsupportedError(
-            f"the checkpoint is quantized (quant_method={quant.method!r}) but {reg.architecture} declares "
-            f"quantization:{quant.method} {cap.state}{': ' + cap.reason if cap.reason else ''}; use an "
-            "unquantized checkpoint"
-        )
+    method = (qc if isinstance(qc, dict) else getattr(qc, "to_dict", lambda: {})()).get("quant_method")
+    # the capability first: a family that does not declare the method refuses it even where
+    # the method's parser (compressed-tensors) is not installed
+    cap = reg.capability(f"quantization:{method}")
+    if cap.supported:
+        quantization_from_config(hf_config)  # the method's own refusals (variants, library missing)
+        return
+    if method not in SUPPORTED:
+        quantization_from_config(hf_config)  # an unknown or refused method: the parser names it
+    raise UnsupportedError(
+        f"the checkpoint is quantized (quant_method={method!r}) but {reg.architecture} declares "
+        f"quantization:{method} {cap.state}{': ' + cap.reason if cap.reason else ''}; use an "
+        "unquantized checkpoint"
+    )
 
 
 _MISSING = object()

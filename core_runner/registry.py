@@ -25,6 +25,8 @@ CAPABILITIES = (
     # loads checkpoints with quantization_config.quant_method "fp8" (core_runner.quantization)
     "quantization:fp8",
     "kv_cache_dtype:fp8",
+    # loads compressed-tensors 'float-quantized' fp8 checkpoints (core_runner.quantization.compressed_tensors)
+    "quantization:compressed-tensors",
     # runs with tensor_parallel_size > 1 (its layers split across ranks: core_runner.layers)
     "tensor_parallel",
     # its MoE layers can hold whole experts per rank (enable_expert_parallel=True)

@@ -11,7 +11,8 @@ from __future__ import annotations
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import Version
 
-# 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches; 1.3: LogitsProcessor
+# 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches; 1.3: LogitsProcessor,
+# linear layers' quantized=, row-state snapshots and verification rollback (ModelState hooks)
 SDK_VERSION = "1.3.0"
 
 

@@ -37,14 +37,15 @@ from core_runner.quantization import (
 )
 
 CONFIG = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=40, num_hidden_layers=2,
+    vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=48, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=48, qk_nope_head_dim=16,
     qk_rope_head_dim=8, v_head_dim=24, n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2,
     first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
     max_position_embeddings=512, rms_norm_eps=1e-6, initializer_range=0.12, tie_word_embeddings=False,
     eos_token_id=None, bos_token_id=None, pad_token_id=None,
 )
-# non-square, and q_lora_rank 48 / moe_intermediate 40 / kv_a out 40 leave partial blocks
+# non-square, and q_lora_rank 48 (columns of q_b_proj) / kv_a out 40 leave partial blocks; gate and up
+# (fused in one fp8 weight) start on a block: 48 rows each
 BLOCK = (16, 32)
 QUANT = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
 # DeepSeek-V3 leaves these unquantized (transformers: modules_to_not_convert ["lm_head"], the
@@ -148,16 +149,32 @@ def test_checkpoint_is_in_the_v3_format(fp8_ckpt):
     assert any(index[n] != index[n.removesuffix("_scale_inv")] for n in scales)
 
 
-def test_engine_params_hold_the_dequantized_weights(fp8_ckpt):
+def test_engine_params_hold_fp8_weights_and_their_scales(fp8_ckpt):
+    from core_runner.layers.fp8_weight import dense_weight
+
     ckpt, tensors = fp8_ckpt
     engine = make_engine(ckpt)
     attn = engine.model.model.layers[0].self_attn
     for mod, name in ((attn.q_b_proj, "q_b_proj"), (attn.kv_a_proj_with_mqa, "kv_a_proj_with_mqa")):
         key = f"model.layers.0.self_attn.{name}.weight"
+        assert mod.weight.dtype == torch.float8_e4m3fn, name  # resident: the checkpoint's bytes
+        assert torch.equal(mod.weight.view(torch.uint8), tensors[key].view(torch.uint8)), name
+        assert torch.equal(mod.weight_scale_inv, tensors[key + "_scale_inv"]), name
         want = _dequant_by_blocks(tensors[key], tensors[key + "_scale_inv"])
-        assert torch.equal(mod.weight, want), name
+        assert torch.equal(dense_weight(mod), want), name
         # fp8 rounding moved the weight away from the float32 original: the test can tell them apart
         assert not torch.equal(want, tensors[key].float())
+    # MLA absorbs kv_b_proj: dense, dequantized at load
+    key = "model.layers.0.self_attn.kv_b_proj.weight"
+    assert attn.kv_b_proj.weight.dtype == torch.float32
+    assert torch.equal(attn.kv_b_proj.weight, _dequant_by_blocks(tensors[key], tensors[key + "_scale_inv"]))
+    experts = engine.model.model.layers[1].mlp.experts
+    assert experts.w13.weight.dtype == experts.w2.weight.dtype == torch.float8_e4m3fn
+    key = "model.layers.1.mlp.experts.3.up_proj.weight"
+    up = dense_weight(experts.w13)[3, 48:]
+    assert torch.equal(up, _dequant_by_blocks(tensors[key], tensors[key + "_scale_inv"]))
+    # the router is not quantized in the checkpoint: stays float32
+    assert engine.model.model.layers[1].mlp.gate.weight.dtype == torch.float32
 
 
 def test_logits_and_greedy_tokens_match_hf(fp8_ckpt):
@@ -280,14 +297,16 @@ def test_prepare_passes_unquantized_tensors_and_refuses_mismatches():
         q.prepare("b.weight", w8, store.get, torch.float32)
 
 
-def test_family_without_the_capability_refuses_an_fp8_checkpoint(untied, tmp_path):
-    """Qwen3 declares no quantization:fp8: its checkpoint with a quantization_config is refused
-    before loading (its Linear layers would otherwise read the raw tensors)."""
+def test_family_without_the_capability_refuses_a_quantized_checkpoint(untied, tmp_path):
+    """Qwen3 declares no quantization:compressed-tensors: its checkpoint with such a
+    quantization_config is refused before loading (and before the format is parsed)."""
+    from core_runner.conformance.quantized import compressed_tensors_fp8_config
     from core_runner.oracle import UnsupportedError
 
-    bad = _variant(untied, tmp_path, edit_config=lambda c: c.update(quantization_config=QUANT))
-    with pytest.raises(UnsupportedError, match=r"quant_method='fp8'.*Qwen3ForCausalLM declares quantization:fp8 "
-                                               r"unsupported"):
+    qc = compressed_tensors_fp8_config()
+    bad = _variant(untied, tmp_path, edit_config=lambda c: c.update(quantization_config=qc))
+    with pytest.raises(UnsupportedError, match=r"quant_method='compressed-tensors'.*Qwen3ForCausalLM declares "
+                                               r"quantization:compressed-tensors unsupported"):
         make_engine(bad)
 
 
@@ -296,3 +315,4 @@ def test_deepseek_declares_fp8():
 
     reg = load_plugins().registry.get("DeepseekV3ForCausalLM")
     assert reg.capability("quantization:fp8").supported
+    assert load_plugins().registry.get("Qwen3ForCausalLM").capability("quantization:fp8").supported

@@ -18,6 +18,7 @@ from test_tp_loading import Reads
 
 from core_runner import LLM
 from core_runner.conformance.quantized import write_fp8_checkpoint
+from core_runner.layers.fp8_weight import dense_weight
 from core_runner.plugins import PluginManager
 
 pytest.importorskip("core_runner_llama_template", reason="pip install -e examples/plugin_template (requirements-dev)")
@@ -66,8 +67,9 @@ def test_tp2_engine_loads_its_fp8_slices_and_generates_as_tp1(fp8_llama, monkeyp
         try:
             rec = Recorder(engine)
             outs = run(engine, requests)
-            o_proj = engine.model.model.layers[0].self_attn.o_proj.weight.detach().clone()
-            qkv = engine.model.model.layers[1].self_attn.qkv_proj.weight.detach().clone()
+            # resident fp8 (weight + block scales): compared as the values they stand for
+            o_proj = dense_weight(engine.model.model.layers[0].self_attn.o_proj).detach().clone()
+            qkv = dense_weight(engine.model.model.layers[1].self_attn.qkv_proj).detach().clone()
             runs[tp] = outs, rec, o_proj, qkv
         finally:
             engine.shutdown()

@@ -219,6 +219,7 @@ def _quantized_checkpoint_refused(ctx: Ctx, method: str, what: str) -> None:
     from pathlib import Path
 
     from core_runner import LLM
+    from core_runner.conformance.quantized import compressed_tensors_fp8_config
 
     src = Path(ctx.ref.path)
     with tempfile.TemporaryDirectory() as tmp:
@@ -226,8 +227,9 @@ def _quantized_checkpoint_refused(ctx: Ctx, method: str, what: str) -> None:
             if f.name != "config.json":
                 (Path(tmp) / f.name).symlink_to(f.resolve())
         cfg = json.loads((src / "config.json").read_text())
-        cfg["quantization_config"] = {"quant_method": method, "fmt": "e4m3", "activation_scheme": "dynamic",
-                                      "weight_block_size": [128, 128]}
+        cfg["quantization_config"] = ({"quant_method": method, "fmt": "e4m3", "activation_scheme": "dynamic",
+                                       "weight_block_size": [128, 128]} if method != "compressed-tensors"
+                                      else compressed_tensors_fp8_config())
         (Path(tmp) / "config.json").write_text(json.dumps(cfg))
         expect_raises(lambda: LLM(tmp, plugins=ctx.pm, dtype="float32", device="cpu",
                                   max_model_len=ctx.max_model_len(64)), UnsupportedError,

@@ -21,6 +21,17 @@ from core_runner.quantization import dequantize_fp8_block, quantize_fp8_block
 UNQUANTIZED = re.compile(r"(embed_tokens|lm_head|norm|layernorm|mlp\.gate)\.weight$")
 
 
+def compressed_tensors_fp8_config(strategy: str = "channel") -> dict:
+    """llm-compressor's FP8_DYNAMIC scheme (per-channel weights, dynamic per-token activations),
+    or per-tensor weights with ``strategy="tensor"``, as its config.json spells it."""
+    return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "ignore": ["lm_head"], "config_groups": {"group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "symmetric": True, "dynamic": False},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "symmetric": True,
+                                      "dynamic": True}}}}
+
+
 def fp8_block_size(config: dict) -> tuple[int, int] | None:
     """The [b0, b1] block of an example's fp8 quantization_config, None without one."""
     qc = config.get("quantization_config")

@@ -44,6 +44,7 @@ from core_runner.logits_processor import installed_processors, resolve_processor
 from core_runner.oracle import check_config, check_quantization, plan_execution
 from core_runner.plugins import PluginManager, load_plugins
 from core_runner.pooling_params import PoolingParams
+from core_runner.quantization import quantization_from_config
 from core_runner.runner.model_runner import ModelRunner
 from core_runner.sampling_params import SamplingParams
 from core_runner.step_data.scheduler_output import SchedulerOutput
@@ -120,7 +121,8 @@ class LLMEngine:
         self.dtype = resolve_dtype(config.dtype, self.hf_config, config.device)
         # before anything is allocated: weights that cannot fit are refused by their sizes
         share = config.tensor_parallel_size if config.device.startswith("cuda") else config.nnodes
-        check_footprint(estimate_footprint(self.registration.load_model_class(), self.hf_config, self.dtype),
+        quant = quantization_from_config(self.hf_config) if config.load_format != "dummy" else None
+        check_footprint(estimate_footprint(self.registration.load_model_class(), self.hf_config, self.dtype, quant),
                         self.hf_config, self.dtype, config.device, available_memory(torch.device(config.device))[0],
                         share)
         draft = resolve_draft(config, self.plugins.registry, self.architecture, str(self.model_path), self.hf_config)

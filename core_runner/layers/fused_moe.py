@@ -50,6 +50,14 @@ after adding a shared expert's own partial sum so that one all-reduce serves bot
 Parameters hold the rank's part: w13 [E_local, 2 I_local, H], w2 [E_local, H, I_local].
 Shard ids keep global expert ids: the loader skips other ranks' experts, and
 ``param.shard_ids`` lists this rank's only, so loading requires exactly those.
+
+Built for an fp8 checkpoint (``core_runner.layers.fp8_weight``), ``w13`` / ``w2`` keep
+their weights as float8_e4m3fn with block scales per expert (``weight_scale_inv``
+[E_local, ceil(rows / b0), ceil(cols / b1)]); the up part starts at row I_local, which must
+be a multiple of b0 (refused by name otherwise). Both paths dequantize the layer's experts
+per call (the torch loop and, until an fp8 grouped GEMM exists, the Triton one: a
+transient of one layer's experts in the activations' dtype). Whole stacked checkpoint
+tensors (gpt-oss's layout) are dequantized at load.
 """
 from __future__ import annotations
 
@@ -64,6 +72,7 @@ from core_runner.distributed import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
+from core_runner.layers.fp8_weight import dense_weight, is_fp8, load_rows, make_fp8_resident, to_dense
 from core_runner.layers.linear import copy_into, materialize
 
 ACTIVATIONS = ("silu", "swigluoai")
@@ -169,6 +178,9 @@ class _StackedExpertWeight(nn.Module):
             self.bias.weight_loader, self.bias.shard_ids = self.weight_loader, ids
         else:
             self.register_parameter("bias", None)
+        self.fp8_block = None
+        if layout == "linear":
+            make_fp8_resident(self, self.weight)
 
     def _split(self, loaded, dim: int, is_bias: bool):
         """This rank's tensor-parallel slice of ``loaded`` along ``dim`` (a bias is split
@@ -215,6 +227,8 @@ class _StackedExpertWeight(nn.Module):
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         is_bias = param is self.bias
         if shard_id is None:
+            if not is_bias:
+                to_dense(self)
             return self._load_stacked(param, loaded, is_bias)
         if (not isinstance(shard_id, tuple) or len(shard_id) != 2 or shard_id[1] not in self.shards
                 or not 0 <= int(shard_id[0]) < self.num_experts):
@@ -227,8 +241,15 @@ class _StackedExpertWeight(nn.Module):
         want = self.part_shape[:1] if is_bias else self.part_shape
         if tuple(loaded.shape) != want:
             raise ValueError(f"{what}: checkpoint tensor has shape {tuple(loaded.shape)}, expected {want}")
-        dst = param.data[e - self.experts.start].narrow(0, part * self.shard_rows, self.shard_rows)
-        copy_into(dst, self._split(loaded, self.split_dim, is_bias), what)
+        if is_bias:
+            dst = param.data[e - self.experts.start].narrow(0, part * self.shard_rows, self.shard_rows)
+            return copy_into(dst, self._split(loaded, self.split_dim, is_bias), what)
+        load_rows(self, param, part * self.shard_rows, self.shard_rows, self._split(loaded, self.split_dim, False),
+                  what, index=e - self.experts.start)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The stacked weight in ``dtype`` (dequantized per call when it is fp8)."""
+        return dense_weight(self, dtype) if is_fp8(self) else self.weight
 
 
 class FusedMoE(nn.Module):
@@ -305,10 +326,11 @@ class FusedMoE(nn.Module):
         if self._use_triton(hidden):
             from core_runner.kernels.fused_moe_triton import fused_moe_triton
 
-            out = fused_moe_triton(hidden, self.w13.weight, self.w2.weight, topk_weights, ids,
-                                   skip_invalid_ids=self.expert_parallel, **extra)
+            out = fused_moe_triton(hidden, self.w13.dense(hidden.dtype), self.w2.dense(hidden.dtype), topk_weights,
+                                   ids, skip_invalid_ids=self.expert_parallel, **extra)
         else:
-            out = fused_moe_ref(hidden, self.w13.weight, self.w2.weight, topk_weights, ids, **extra)
+            out = fused_moe_ref(hidden, self.w13.dense(hidden.dtype), self.w2.dense(hidden.dtype), topk_weights, ids,
+                                **extra)
         if self.reduce_results and self.tp_size > 1:
             out = tensor_model_parallel_all_reduce(out)
         return out

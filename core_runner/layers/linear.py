@@ -13,6 +13,13 @@ into its slice through ``weight_loader(param, tensor, shard_id)``; the loader fi
 which shard a checkpoint name belongs to through the model's ``packed_modules_mapping``.
 A fused parameter lists its shard ids in ``param.shard_ids``: the loader requires every
 one of them (or the whole tensor) to be loaded.
+
+Built for an fp8 checkpoint (``core_runner.quantization``), every layer here keeps its
+weight as float8_e4m3fn with a ``weight_scale_inv`` block grid and multiplies with the
+W8A8 Triton kernel (dequantizing per call on the torch path): ``core_runner.layers.fp8_weight``.
+``quantized=False`` keeps a layer dense (the checkpoint's fp8 weight dequantized at load),
+for a weight used outside the layer's own forward (MLA's absorbed kv_b_proj). A subclass
+that overrides ``weight_loader`` is kept dense too: its loader does not know the scales.
 """
 from __future__ import annotations
 
@@ -27,6 +34,7 @@ from core_runner.distributed import (
     tensor_model_parallel_all_gather,
 )
 from core_runner.distributed import tensor_model_parallel_all_reduce as all_reduce
+from core_runner.layers.fp8_weight import fp8_linear, is_fp8, load_rows, make_fp8_resident
 
 
 def materialize(loaded) -> torch.Tensor:
@@ -56,8 +64,9 @@ def default_weight_loader(param: nn.Parameter, loaded, shard_id: object = None) 
 class Linear(nn.Module):
     """y = x W^T (+ b): ``forward(x [..., in_features]) -> [..., out_features]``, the whole
     weight on every rank. Its parameters carry ``weight_loader``, which split and fused
-    subclasses override to load their slices."""
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+    subclasses override to load their slices. ``quantized=False``: stay dense when built for
+    an fp8 checkpoint (module docstring)."""
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, quantized: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
@@ -67,12 +76,26 @@ class Linear(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        self.fp8_block = None
+        if quantized and getattr(type(self).weight_loader, "fp8_aware", False):
+            make_fp8_resident(self, self.weight)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
-        default_weight_loader(param, loaded, shard_id)
+        if shard_id is not None or param.dim() != 2:
+            return default_weight_loader(param, loaded, shard_id)
+        if tuple(param.shape) != tuple(loaded.shape):
+            raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, parameter expects "
+                             f"{tuple(param.shape)}")
+        load_rows(self, param, 0, param.shape[0], loaded, "checkpoint tensor")
+
+    weight_loader.fp8_aware = True
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x W^T (+ bias) with this rank's weight, fp8 or dense."""
+        return fp8_linear(self, x, bias) if is_fp8(self) else F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 ReplicatedLinear = Linear
@@ -90,23 +113,28 @@ class ColumnParallelLinear(Linear):
     the weight (and bias) and returns its part of the output, [..., out/tp]; with
     ``gather_output`` the ranks' parts are gathered into [..., out]."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False) -> None:
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False,
+                 quantized: bool = True) -> None:
         self.tp_size, self.tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         self.output_size = output_size
         self.output_size_per_partition = divide(output_size, self.tp_size, "output size")
         self.gather_output = gather_output
-        super().__init__(input_size, self.output_size_per_partition, bias)
+        super().__init__(input_size, self.output_size_per_partition, bias, quantized)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if shard_id is not None:
             raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
         n = param.shape[0]
         _check_whole(loaded, (n * self.tp_size, *param.shape[1:]))
-        copy_into(param.data, loaded.narrow(0, self.tp_rank * n, n) if self.tp_size > 1 else loaded,
-                  f"checkpoint tensor (rank {self.tp_rank}'s rows)")
+        src = loaded.narrow(0, self.tp_rank * n, n) if self.tp_size > 1 else loaded
+        if param.dim() == 1:
+            return copy_into(param.data, src, f"checkpoint tensor (rank {self.tp_rank}'s rows)")
+        load_rows(self, param, 0, n, src, f"checkpoint tensor (rank {self.tp_rank}'s rows)")
+
+    weight_loader.fp8_aware = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = self.matmul(x, self.bias)
         if self.gather_output and self.tp_size > 1:
             y = tensor_model_parallel_all_gather(y, dim=-1)
         return y
@@ -118,27 +146,32 @@ class RowParallelLinear(Linear):
     the partial products are summed over the ranks (``reduce_results``) and the bias,
     whole on every rank, is added once after the sum."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True) -> None:
+    def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True,
+                 quantized: bool = True) -> None:
         self.tp_size, self.tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         self.input_size = input_size
         self.input_size_per_partition = divide(input_size, self.tp_size, "input size")
         self.reduce_results = reduce_results
-        super().__init__(self.input_size_per_partition, output_size, bias)
+        super().__init__(self.input_size_per_partition, output_size, bias, quantized)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if shard_id is not None:
             raise ValueError(f"parameter of shape {tuple(param.shape)} is not fused; got shard {shard_id!r}")
-        if param.dim() == 1 or self.tp_size == 1:  # the bias is whole on every rank
+        if param.dim() == 1:  # the bias is whole on every rank
             return copy_into(param.data, loaded)
+        if self.tp_size == 1:
+            return load_rows(self, param, 0, param.shape[0], loaded, "checkpoint tensor")
         n = param.shape[1]
         _check_whole(loaded, (param.shape[0], n * self.tp_size))
-        copy_into(param.data, loaded.narrow(1, self.tp_rank * n, n), f"checkpoint tensor (rank {self.tp_rank}'s "
-                  "columns)")
+        load_rows(self, param, 0, param.shape[0], loaded.narrow(1, self.tp_rank * n, n),
+                  f"checkpoint tensor (rank {self.tp_rank}'s columns)")
+
+    weight_loader.fp8_aware = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.linear(x, self.weight, self.bias)
-        y = F.linear(x, self.weight)
+            return self.matmul(x, self.bias)
+        y = self.matmul(x, None)
         if self.reduce_results:
             y = all_reduce(y)
         return y if self.bias is None else y + self.bias
@@ -149,12 +182,12 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     ``output_sizes[i]`` rows in the checkpoint, of which each rank holds 1/tp; the
     rank's matrix stacks its parts of every shard, so its output is [..., sum/tp]."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False, quantized: bool = True) -> None:
         tp = get_tensor_model_parallel_world_size()
         self.output_sizes = list(output_sizes)
         self.local_sizes = [divide(s, tp, f"output size of part {i}") for i, s in enumerate(output_sizes)]
         self.offsets = [sum(self.local_sizes[:i]) for i in range(len(self.local_sizes))]
-        super().__init__(input_size, sum(output_sizes), bias)
+        super().__init__(input_size, sum(output_sizes), bias, quantized=quantized)
         for p in (self.weight, self.bias):
             if p is not None:
                 p.shard_ids = self.part_ids()
@@ -182,13 +215,18 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             return
         self._load_part(param, loaded, self.shard_index(shard_id))
 
+    weight_loader.fp8_aware = True
+
     def _load_part(self, param: nn.Parameter, loaded, i: int) -> None:
         want = (self.output_sizes[i], *param.shape[1:])
         if tuple(loaded.shape) != want:
             raise ValueError(f"shard {self.part_ids()[i]!r}: checkpoint tensor has shape {tuple(loaded.shape)}, "
                              f"expected {want}")
         first, rows = self.part_rows(i)
-        copy_into(param.data.narrow(0, self.offsets[i], self.local_sizes[i]), loaded.narrow(0, first, rows),
+        if param.dim() == 1:
+            return copy_into(param.data.narrow(0, self.offsets[i], self.local_sizes[i]),
+                             loaded.narrow(0, first, rows), f"shard {self.part_ids()[i]!r}")
+        load_rows(self, param, self.offsets[i], self.local_sizes[i], loaded.narrow(0, first, rows),
                   f"shard {self.part_ids()[i]!r}")
 
 
@@ -218,7 +256,7 @@ class QKVParallelLinear(MergedColumnParallelLinear):
 
     def __init__(
         self, hidden_size: int, head_size: int, total_num_heads: int, total_num_kv_heads: int | None = None,
-        bias: bool = False,
+        bias: bool = False, quantized: bool = True,
     ) -> None:
         tp, rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         kv = total_num_kv_heads or total_num_heads
@@ -235,7 +273,7 @@ class QKVParallelLinear(MergedColumnParallelLinear):
             self.kv_head_start = rank * self.num_kv_heads
         # the parent splits each part by tp; give it the per-rank sizes times tp
         q, k = self.num_heads * head_size, self.num_kv_heads * head_size
-        super().__init__(hidden_size, [q * tp, k * tp, k * tp], bias)
+        super().__init__(hidden_size, [q * tp, k * tp, k * tp], bias, quantized)
         self.output_sizes = [total_num_heads * head_size, kv * head_size, kv * head_size]
 
     def part_ids(self) -> tuple:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from core_runner.loader.config_checks import CORE_SIZES
+from core_runner.quantization.construction import building_for
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,8 @@ class Footprint:
     extrapolated: bool  # from 1 and 2 layers (see the module docstring)
 
 
-def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype) -> tuple[int, str, int]:
+def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
+                     quantization: Any = None) -> tuple[int, str, int]:
     # fake tensors take .to("cpu") (RoPE tables are built there), which meta tensors refuse; the meta
     # default device keeps every tensor, and every per-device cache key (shared RoPE tables), off
     # the devices a real build uses, so nothing fake can leak into one
@@ -46,7 +48,7 @@ def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype) -> tup
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with fake, torch.device("meta"):
+        with fake, torch.device("meta"), building_for(quantization):
             model = model_cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
@@ -69,16 +71,18 @@ def _with_layers(hf_config: Any, k: int) -> Any:
     return out
 
 
-def estimate_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype) -> Footprint | None:
-    """The bytes of ``model_cls(hf_config)``'s parameters and buffers in ``dtype``; None when
+def estimate_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
+                       quantization: Any = None) -> Footprint | None:
+    """The bytes of ``model_cls(hf_config)``'s parameters and buffers in ``dtype`` (layers that
+    keep fp8 weights for ``quantization`` counted with their fp8 bytes and scales); None when
     the class cannot be built with fake tensors."""
     n = getattr(hf_config, "num_hidden_layers", None)
     try:
         if isinstance(n, int) and n > EXACT_LAYERS:
-            one, _, _ = _built_footprint(model_cls, _with_layers(hf_config, 1), dtype)
-            two, largest, largest_bytes = _built_footprint(model_cls, _with_layers(hf_config, 2), dtype)
+            one, _, _ = _built_footprint(model_cls, _with_layers(hf_config, 1), dtype, quantization)
+            two, largest, largest_bytes = _built_footprint(model_cls, _with_layers(hf_config, 2), dtype, quantization)
             return Footprint(one + (n - 1) * max(0, two - one), largest, largest_bytes, True)
-        total, largest, largest_bytes = _built_footprint(model_cls, hf_config, dtype)
+        total, largest, largest_bytes = _built_footprint(model_cls, hf_config, dtype, quantization)
         return Footprint(total, largest, largest_bytes, False)
     except Exception as e:  # noqa: BLE001 - any class that needs real storage to build: no estimate
         logger.debug("%s cannot be built with fake tensors (%s: %s): weights not estimated", model_cls.__name__,

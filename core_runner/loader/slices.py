@@ -6,6 +6,9 @@ reads its rows or columns of a weight and nothing else.
 
 - ``shape`` (a ``torch.Size``, of the current view) and ``dtype`` (what ``load()`` returns);
 - ``narrow(dim, start, length)``: a view of the view, along any dim; it reads nothing;
+- ``is_quantized``, ``load_stored()`` and ``load_resident_scale()``: for a layer that keeps fp8
+  weights resident, the region's fp8 values as stored and its scales on the format's
+  ``resident_block`` grid (ValueError when the region does not align to the blocks);
 - ``load()``: the region's values, read with safetensors' ``get_slice(name)[...]`` so that
   only that region leaves the file; an fp8 weight is dequantized with only the block
   scales that cover the region; then cast to the parameter's dtype and device and checked
@@ -120,6 +123,25 @@ class CheckpointSlice:
         except ValueError as e:
             raise CheckpointError(f"{where(src.file, src.name)}: {e}") from e
 
+    @property
+    def is_quantized(self) -> bool:
+        """Whether the tensor is an fp8 weight with a scale (``load`` dequantizes it)."""
+        return self._src.scale is not None
+
+    def load_stored(self) -> torch.Tensor:
+        """The region as stored (fp8 values of a quantized weight), on the parameter's device."""
+        return self._src.read(self._bounds).to(self._src.device)
+
+    def load_resident_scale(self) -> torch.Tensor:
+        """float32 scales of the region on the quantization's ``resident_block`` grid, on the
+        parameter's device; ValueError (naming the region) when it does not align."""
+        src = self._src
+        try:
+            scale = src.quantization.resident_scale(src.name, self._bounds, src.scale, src.lookup)
+        except ValueError as e:
+            raise ValueError(f"{where(src.file, src.name)}{region_text(self._bounds)}: {e}") from e
+        return scale.to(src.device)
+
     def load(self) -> torch.Tensor:
         """The region as the parameter holds it: dtype, device, checked finite."""
         src = self._src
@@ -151,5 +173,7 @@ def open_checkpoint_slice(
             scale = quantization.scale_for(name, stored, shape, lookup)
         except ValueError as e:
             raise CheckpointError(f"{where(file, name)}: {e}") from e
-    src = _Source(handle, raw, file, name, shape, stored, param.dtype, param.device, quantization, lookup, scale)
+    # a layer holding fp8 weights reads dense tensors in the model's dtype (``dense_dtype``)
+    dtype = getattr(param, "dense_dtype", param.dtype)
+    src = _Source(handle, raw, file, name, shape, stored, dtype, param.device, quantization, lookup, scale)
     return CheckpointSlice(src, tuple((0, n) for n in shape))

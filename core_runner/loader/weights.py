@@ -38,6 +38,7 @@ from core_runner.loader.finite import prepared, where
 from core_runner.loader.parts import LoadedParts, WeightRouter
 from core_runner.loader.slices import CheckpointSlice, open_checkpoint_slice
 from core_runner.quantization import Quantization, TensorLookup, quantization_from_config
+from core_runner.quantization.construction import building_for
 
 # (checkpoint name, tensor) -> tensor: applied to each tensor routed to a parameter
 Transform = Callable[[str, torch.Tensor], torch.Tensor]
@@ -114,7 +115,8 @@ def load_weights(
                 parts.record(target, shard, f"{file.name}:{name}")
                 whole = open_checkpoint_slice(f, file, name, param, quantization, lookup)
                 if transform is not None:
-                    loaded = prepared(transform(name, whole.read()), param.dtype, param.device, file, name)
+                    loaded = prepared(transform(name, whole.read()), getattr(param, "dense_dtype", param.dtype),
+                                      param.device, file, name)
                 elif accepts_slices(getattr(param, "weight_loader", None)):
                     loaded = whole
                 else:
@@ -133,7 +135,8 @@ def build_model(
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        with torch.device(device):
+        # layers that keep fp8 weights allocate them now (dummy weights: the dense model)
+        with torch.device(device), building_for(quantization if load_format != "dummy" else None):
             model = model_cls(hf_config)
     finally:
         torch.set_default_dtype(prev)

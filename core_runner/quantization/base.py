@@ -11,7 +11,10 @@ import torch
 # quant_method -> what it needs; the message for an unknown method lists these
 SUPPORTED = {
     "fp8": "block-scaled float8_e4m3fn weights with float32 '<weight>_scale_inv' tensors (DeepSeek-V3 format: "
-           "fmt 'e4m3', activation_scheme 'dynamic', weight_block_size [b0, b1])",
+           "fmt 'e4m3', activation_scheme 'dynamic', weight_block_size [b0, b1]; Qwen3-*-FP8 too)",
+    "compressed-tensors": "format 'float-quantized': float8_e4m3fn weights with per-tensor or per-channel "
+                          "'<weight>_scale' (strategy 'tensor' / 'channel'), activations dynamic per token or "
+                          "static per tensor (parsed with the compressed-tensors library)",
 }
 
 # quant_method -> why a known format is refused (named in the message, with what would lift it)
@@ -47,6 +50,17 @@ class Quantization(ABC):
     """
 
     method: str
+    # the [b0, b1] grid of the scales a layer keeps beside resident fp8 weights (None: this
+    # format is always dequantized at load); ``resident_scale`` fills it
+    resident_block: tuple[int, int] | None = None
+
+    def resident_scale(self, name: str, bounds: Bounds, scale_name: str, lookup: RegionLookup) -> torch.Tensor:
+        """float32 scales on the ``resident_block`` grid for region ``bounds`` of fp8 weight
+        ``name``: [..., ceil(rows / b0), ceil(cols / b1)] of the region. ValueError when the
+        region cannot carry its own scales (a block-scaled region that does not start on a
+        block boundary, or ends inside a block before the tensor's end)."""
+        raise ValueError(f"quant_method {self.method!r} keeps no fp8 weights resident: weights are dequantized at "
+                         "load")
 
     @abstractmethod
     def is_auxiliary(self, name: str) -> bool:
@@ -138,6 +152,10 @@ def quantization_from_config(hf_config: Any) -> Quantization | None:
         from core_runner.quantization.fp8 import Fp8BlockQuantization
 
         return Fp8BlockQuantization.from_config(qc)
+    if method == "compressed-tensors":
+        from core_runner.quantization.compressed_tensors import CompressedTensorsFp8
+
+        return CompressedTensorsFp8.from_config(qc)
     supported = "; ".join(f"{k!r}: {v}" for k, v in SUPPORTED.items())
     if method in REFUSED:
         raise ValueError(f"quantization_config.quant_method={method!r} is not supported by core-runner: "

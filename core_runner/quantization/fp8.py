@@ -101,14 +101,27 @@ def quantize_fp8_block(weight: torch.Tensor, block: tuple[int, int]) -> tuple[to
 class Fp8BlockQuantization(Quantization):
     """quant_method 'fp8', fmt 'e4m3', dynamic activations, block-scaled weights.
 
-    Dequantizes at load: the parameters hold ``dtype`` weights. A Triton matmul that
-    keeps the fp8 weights resident is in ``core_runner/kernels/fp8_block_matmul_triton.py``.
+    Layers of ``core_runner.layers`` that can hold fp8 keep the weights and their block
+    scales as they are (``resident_scale``: the scale blocks of a block-aligned region);
+    every other module gets its weights dequantized at load (``prepare`` /
+    ``dequantize_region``). The GPU matmul is ``core_runner/kernels/fp8_block_matmul_triton.py``.
     """
 
     method = "fp8"
 
     def __init__(self, block: tuple[int, int]) -> None:
         self.block = _check_block(list(block))
+        self.resident_block = self.block
+
+    def resident_scale(self, name: str, bounds: Bounds, scale_name: str, lookup: RegionLookup) -> torch.Tensor:
+        shape = lookup.shape(name)
+        for dim, ((a, b), n, blk) in enumerate(zip(bounds[-2:], shape[-2:], self.block, strict=True)):
+            if a % blk or (b % blk and b != n):
+                raise ValueError(
+                    f"{name!r}: the region [{a}, {b}) of dim {dim} (of {n}) does not align to weight_block_size "
+                    f"{list(self.block)}, so it cannot keep its own fp8 block scales: a tensor-parallel split or "
+                    f"fused-shard offset must be a multiple of {blk} (pick a tensor_parallel_size that keeps it so)")
+        return lookup.read(scale_name, scale_bounds(bounds, self.block)).float()
 
     @classmethod
     def from_config(cls, qc: dict) -> Fp8BlockQuantization:

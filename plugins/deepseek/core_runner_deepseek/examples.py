@@ -38,7 +38,7 @@ DEEPSEEK_V3 = {  # deepseek-ai/DeepSeek-V3 (fp8 weights)
     "intermediate_size": 128,  # 18432
     "kv_lora_rank": 32,  # 512
     "max_position_embeddings": 163840, "model_type": "deepseek_v3",
-    "moe_intermediate_size": 40,  # 2048
+    "moe_intermediate_size": 64,  # 2048 (per rank at TP=2 still a multiple of the scaled block 16, as 2048 of 128)
     "moe_layer_freq": 1, "n_group": 8,
     "n_routed_experts": 16,  # 256
     "n_shared_experts": 1, "norm_topk_prob": True,

@@ -80,7 +80,10 @@ class DeepseekMLA(nn.Module):
             self.q_b_proj = ColumnParallelLinear(self.q_lora_rank, self.total_num_heads * qk_head_dim)
         self.kv_a_proj_with_mqa = ReplicatedLinear(h, self.kv_lora_rank + self.rope, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, 1e-6)
-        self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, self.total_num_heads * (self.nope + self.v_dim))
+        # dense: MLA absorbs its halves into the query and the output (layers.MLAAttention), as vLLM
+        # does after loading, so an fp8 checkpoint's kv_b_proj is dequantized at load
+        self.kv_b_proj = ColumnParallelLinear(self.kv_lora_rank, self.total_num_heads * (self.nope + self.v_dim),
+                                              quantized=False)
         self.o_proj = RowParallelLinear(self.total_num_heads * self.v_dim, h, bias=bias)
         self.rotary_emb = get_rope(config, self.rope, rotary_dim=self.rope, is_neox_style=not interleaved_rope)
         # the scale depends on the head dimension only, never on how many heads a rank holds

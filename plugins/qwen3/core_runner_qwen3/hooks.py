@@ -16,6 +16,8 @@ CAPABILITIES = {
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers
     "speculative_decoding": "supported",
+    # Qwen3-*-FP8 (block [128, 128]): fp8 weights resident in the linear layers and experts
+    "quantization:fp8": "supported",
 }
 MOE_CAPABILITIES = {**CAPABILITIES, "expert_parallel": "supported"}
 # what the layers implement: SiLU-gated MLPs only
@@ -66,6 +68,9 @@ def register_models(registry):
                                              "use_sliding_window": True, "sliding_window": 8,
                                              "max_window_layers": 1}},
             {"name": "qwen3-0.6b-shape", "config": QWEN3_0_6B},
+            # Qwen/Qwen3-0.6B-FP8: the same shape, weight_block_size scaled with it (128 -> 16)
+            {"name": "qwen3-0.6b-fp8-shape", "config": {**QWEN3_0_6B, "quantization_config": {
+                "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [16, 16]}}},
         ],
     )
     registry.add(
