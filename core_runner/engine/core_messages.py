@@ -1,9 +1,10 @@
 """The messages between an API process and an engine-core process (docs/engine_core_process.md).
 
-msgspec structs encoded as msgpack arrays (``array_like``: no field names on the wire): typed
-(a malformed message fails on decode with the path of the bad value), fast for a step's batch of a few hundred outputs, and no code runs on decode (unlike
-pickle). SamplingParams and PoolingParams travel as themselves (msgspec encodes dataclasses
-field by field, so a field added to them travels with no change here). A tensor (a pooled
+msgspec structs encoded as msgpack arrays (``array_like``: no field names on the wire):
+typed (a malformed message fails on decode with the path of the bad value), fast for a
+step's batch of a few hundred outputs, and no code runs on decode (unlike pickle).
+SamplingParams and PoolingParams travel as themselves (msgspec encodes dataclasses field
+by field, so a field added to them travels with no change here). A tensor (a pooled
 vector) travels as its raw bytes with dtype and shape, never pickled.
 
 msgspec is imported here at module level: only the process split imports this module, and
