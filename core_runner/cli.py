@@ -12,6 +12,8 @@ from typing import Sequence
 
 from core_runner.bench.shapes import SHAPES  # names only: the module imports no torch
 
+# what `core-runner serve` with no model calls the demo checkpoint (in /v1/models and requests' "model")
+DEMO_SERVED_NAME = "demo"
 # engine flags whose default (None) means "as LLM() chooses"; forwarded only when given
 _ENGINE_FLAGS = ("device", "dtype", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
                  "num_kv_blocks", "gpu_memory_utilization", "kv_cache_memory_fraction", "generation_config", "revision",
@@ -179,15 +181,16 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not a.shutdown_timeout >= 0:  # before the model loads
         raise ValueError(f"--shutdown-timeout {a.shutdown_timeout} is invalid: expected seconds >= 0 (0 aborts the "
                          "requests in flight at once)")
-    model = a.model_arg or a.model
+    model, name = a.model_arg or a.model, a.served_model_name
     if model is None:
         from core_runner.demo import demo_checkpoint
 
-        model = demo_checkpoint()
-        print(f"# no model given: serving the built-in demo checkpoint {model} (a tiny trained model)", file=sys.stderr)
+        model, name = demo_checkpoint(), name or DEMO_SERVED_NAME
+        print(f"# no model given: serving the built-in demo checkpoint {model} (a tiny trained model) as "
+              f"{name!r}", file=sys.stderr)
     chat_options = ChatOptions(a.tool_call_parser, a.enable_auto_tool_choice, a.reasoning_parser)  # before loading
     llm = LLM(model, **_engine_options(a))
-    serve(llm.engine, host=a.host, port=a.port, api_key=a.api_key, served_model_name=a.served_model_name,
+    serve(llm.engine, host=a.host, port=a.port, api_key=a.api_key, served_model_name=name,
           max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout, shutdown_timeout=a.shutdown_timeout,
           disable_fastapi_docs=a.disable_fastapi_docs, protect_metrics=a.protect_metrics, chat_options=chat_options)
     return 0

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from core_runner.engine.async_llm import AsyncLLM, Delta
 from core_runner.engine.request_stream import RequestStream
 from core_runner.entrypoints.openai import protocol as P
+from core_runner.entrypoints.openai.fields import check_fields
 from core_runner.entrypoints.openai.protocol import APIError
 from core_runner.entrypoints.openai.request_body import read_json
 from core_runner.entrypoints.openai.streams import StartError, collect_while_connected, merge, sse, start_all
@@ -45,6 +46,7 @@ class Handlers:
         if model is not None and model not in (self.name, self.engine.config.model):
             raise APIError(f"the model {P._short(model)} does not exist; this server serves {self.name!r}", "model",
                            404, code="model_not_found")
+        check_fields(request.url.path, body)
         return body
 
     def require(self, task: str) -> None:

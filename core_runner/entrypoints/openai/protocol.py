@@ -1,8 +1,8 @@
 """OpenAI request bodies -> engine parameters, and OpenAI's error body.
 
 Bodies are plain JSON objects checked field by field (not pydantic models) so that every
-error names the OpenAI field that is wrong and says what would be valid. Fields this
-server does not know are ignored, as OpenAI's own server ignores them.
+error names the OpenAI field that is wrong and says what would be valid. Which fields a route
+knows, refuses or logs as ignored is ``fields.py``.
 """
 from __future__ import annotations
 
