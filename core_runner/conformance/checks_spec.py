@@ -94,8 +94,8 @@ def _workload(ctx: Ctx) -> list[tuple[str, list[int], Any]]:
     rep0, rep1 = (a * 5)[:18], (b * 5)[:13]
     rnd0, rnd1 = ctx.ref.prompts([15, 10], seed=137)
     loop = _echo_prompt(ctx, rnd1)
-    return [("loop", loop, greedy(N_OUT)), ("rep0", rep0, greedy(N_OUT)), ("rep1", rep1, greedy(N_OUT)), ("rnd0", rnd0, greedy(N_OUT)),
-            ("rnd1", rnd1, greedy(N_OUT)), ("seeded-rep", rep0, sampled(N_OUT, seed=11)),
+    return [("loop", loop, greedy(N_OUT)), ("rep0", rep0, greedy(N_OUT)), ("rep1", rep1, greedy(N_OUT)),
+            ("rnd0", rnd0, greedy(N_OUT)), ("rnd1", rnd1, greedy(N_OUT)), ("seeded-rep", rep0, sampled(N_OUT, seed=11)),
             ("seeded-rnd", rnd1, sampled(N_OUT, seed=12)),
             # at 0.8 a tiny random model's distribution is flat and proposals almost never
             # match; a cold request gets some accepted under sampling too
