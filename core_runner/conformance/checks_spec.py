@@ -117,7 +117,7 @@ def _echo_prompt(ctx: Ctx, first: list[int]) -> list[int]:
     continues the second copy as it did the first, so lookups are accepted. Of a few such
     prompts, the first whose second greedy output token (the reference's; the first comes
     from the prefill, with no proposal) is what a lookup proposes after the first."""
-    candidates = [first] + ctx.ref.prompts([10] * 5, seed=151)
+    candidates = [first] + ctx.ref.prompts([10, 6, 4] * 5, seed=151)
     echoes = []
     for r in candidates:
         g = ctx.ref.greedy(r, 12)
