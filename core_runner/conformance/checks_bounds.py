@@ -189,6 +189,9 @@ def unsupported_capability_refused(ctx: Ctx) -> None:
                       f"{what}: enable_expert_parallel=True", match="_parallel capability")
     elif cap.startswith("quantization:"):
         _quantized_checkpoint_refused(ctx, cap.split(":", 1)[1], what)
+    elif cap == "kv_cache_dtype:fp8":
+        expect_raises(lambda: ctx.engine(kv_cache_dtype="fp8"), UnsupportedError, f"{what}: kv_cache_dtype='fp8'",
+                      match="kv_cache_dtype")
     else:
         fail(f"the suite has no refusal probe for capability {cap!r}")
 

@@ -14,6 +14,7 @@ from core_runner.distributed import (
 from core_runner.layers.activation import GATED_ACTIVATIONS, GeluAndMul, SiluAndMul, act_and_mul
 from core_runner.layers.attention import Attention
 from core_runner.layers.embedding import LMHead, ParallelLMHead, VocabEmbedding, VocabParallelEmbedding
+from core_runner.layers.fp8_weight import dense_weight, is_fp8
 from core_runner.layers.fused_moe import (
     FusedMoE,
     expert_packed_mapping,
@@ -53,7 +54,8 @@ from core_runner.layers.rope_config import (
 from core_runner.layers.rotary import RotaryEmbedding, get_rope, rope_theta_of
 
 __all__ = [
-    "check_head_split", "ColumnParallelLinear", "copy_into", "divide", "expert_parallel_enabled",
+    "check_head_split", "dense_weight", "is_fp8", "ColumnParallelLinear", "copy_into", "divide",
+    "expert_parallel_enabled",
     "get_tensor_model_parallel_rank",
     "get_tensor_model_parallel_world_size", "materialize", "MergedColumnParallelLinear", "ParallelLMHead",
     "QKVParallelLinear", "ReplicatedLinear", "RowParallelLinear", "tensor_model_parallel_all_gather",

@@ -16,7 +16,7 @@ A checkpoint tensor that is not quantized (a router, an ``ignore``d module, or a
 tensor handed over whole by a ``transform``) turns the layer back into a dense one of the
 model's dtype, dequantizing what it already holds.
 
-Matmul (``fp8_linear``): where the step runs Triton kernels the W8A8 kernel
+Matmul (``_fp8_linear``): where the step runs Triton kernels the W8A8 kernel
 (``kernels/fp8_block_matmul_triton``: activations quantized per token and group of b1 on
 the fly); elsewhere (CPU, the torch kernels) the weight is dequantized per call in the
 activations' dtype, so the CPU tests compute with exactly the checkpoint's values.
@@ -37,7 +37,7 @@ FP8 = torch.float8_e4m3fn
 SCALE = "weight_scale_inv"
 
 
-def make_fp8_resident(module: nn.Module, param: nn.Parameter) -> bool:
+def _make_fp8_resident(module: nn.Module, param: nn.Parameter) -> bool:
     """Turn ``param`` (module's ``weight``, [..., rows, cols]) into fp8 storage with its scale
     buffer when a quantized model is being built; False (nothing changed) otherwise."""
     block = resident_fp8_block()
@@ -55,6 +55,7 @@ def make_fp8_resident(module: nn.Module, param: nn.Parameter) -> bool:
 
 
 def is_fp8(module: nn.Module) -> bool:
+    """Whether the module holds its weight as resident fp8 (with a block scale grid)."""
     return getattr(module, "fp8_block", None) is not None
 
 
@@ -67,7 +68,7 @@ def dense_weight(module: nn.Module, dtype: torch.dtype | None = None) -> torch.T
     return (w.float() * scale).to(dtype or module.dense_dtype)
 
 
-def to_dense(module: nn.Module) -> None:
+def _to_dense(module: nn.Module) -> None:
     """Hold the weight in the model's dtype from now on (the checkpoint tensor was not fp8)."""
     if not is_fp8(module):
         return
@@ -76,7 +77,7 @@ def to_dense(module: nn.Module) -> None:
     module.fp8_block = None
 
 
-def load_rows(module: nn.Module, param: nn.Parameter, row0: int, rows: int, loaded, what: str,
+def _load_rows(module: nn.Module, param: nn.Parameter, row0: int, rows: int, loaded, what: str,
               index: int | None = None) -> None:
     """Copy ``loaded`` (a tensor or lazy checkpoint slice, [rows, cols]) into rows
     ``row0 .. row0 + rows`` of ``param`` (of its ``index``-th expert when given), keeping
@@ -89,7 +90,7 @@ def load_rows(module: nn.Module, param: nn.Parameter, row0: int, rows: int, load
 
     if param is not module.weight or not is_fp8(module) or not getattr(loaded, "is_quantized", False):
         if param is module.weight:
-            to_dense(module)
+            _to_dense(module)
         return copy_into(dst_of(param.data), loaded, what)
     b0 = module.fp8_block[0]
     total = param.shape[-2]
@@ -104,7 +105,7 @@ def load_rows(module: nn.Module, param: nn.Parameter, row0: int, rows: int, load
         scale = loaded.load_resident_scale()
     except ValueError as e:
         logger.warning("fp8 weights of %s kept dense (dequantized at load): %s", type(module).__name__, e)
-        to_dense(module)
+        _to_dense(module)
         return copy_into(dst_of(param.data), loaded, what)
     scales = getattr(module, SCALE)
     scales = scales if index is None else scales[index]
@@ -115,7 +116,7 @@ def load_rows(module: nn.Module, param: nn.Parameter, row0: int, rows: int, load
     scales.narrow(0, row0 // b0, want[0]).copy_(scale)
 
 
-def fp8_linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _fp8_linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """y = x W^T (+ bias) with the module's resident fp8 weight (see the module docstring)."""
     from core_runner.forward_context import use_triton_kernels
 

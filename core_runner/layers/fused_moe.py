@@ -72,7 +72,7 @@ from core_runner.distributed import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from core_runner.layers.fp8_weight import dense_weight, is_fp8, load_rows, make_fp8_resident, to_dense
+from core_runner.layers.fp8_weight import _load_rows, _make_fp8_resident, _to_dense, dense_weight, is_fp8
 from core_runner.layers.linear import copy_into, materialize
 
 ACTIVATIONS = ("silu", "swigluoai")
@@ -180,7 +180,7 @@ class _StackedExpertWeight(nn.Module):
             self.register_parameter("bias", None)
         self.fp8_block = None
         if layout == "linear":
-            make_fp8_resident(self, self.weight)
+            _make_fp8_resident(self, self.weight)
 
     def _split(self, loaded, dim: int, is_bias: bool):
         """This rank's tensor-parallel slice of ``loaded`` along ``dim`` (a bias is split
@@ -228,7 +228,7 @@ class _StackedExpertWeight(nn.Module):
         is_bias = param is self.bias
         if shard_id is None:
             if not is_bias:
-                to_dense(self)
+                _to_dense(self)
             return self._load_stacked(param, loaded, is_bias)
         if (not isinstance(shard_id, tuple) or len(shard_id) != 2 or shard_id[1] not in self.shards
                 or not 0 <= int(shard_id[0]) < self.num_experts):
@@ -244,7 +244,7 @@ class _StackedExpertWeight(nn.Module):
         if is_bias:
             dst = param.data[e - self.experts.start].narrow(0, part * self.shard_rows, self.shard_rows)
             return copy_into(dst, self._split(loaded, self.split_dim, is_bias), what)
-        load_rows(self, param, part * self.shard_rows, self.shard_rows, self._split(loaded, self.split_dim, False),
+        _load_rows(self, param, part * self.shard_rows, self.shard_rows, self._split(loaded, self.split_dim, False),
                   what, index=e - self.experts.start)
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:

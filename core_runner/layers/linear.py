@@ -34,7 +34,7 @@ from core_runner.distributed import (
     tensor_model_parallel_all_gather,
 )
 from core_runner.distributed import tensor_model_parallel_all_reduce as all_reduce
-from core_runner.layers.fp8_weight import fp8_linear, is_fp8, load_rows, make_fp8_resident
+from core_runner.layers.fp8_weight import _fp8_linear, _load_rows, _make_fp8_resident, is_fp8
 
 
 def materialize(loaded) -> torch.Tensor:
@@ -78,7 +78,7 @@ class Linear(nn.Module):
             self.register_parameter("bias", None)
         self.fp8_block = None
         if quantized and getattr(type(self).weight_loader, "fp8_aware", False):
-            make_fp8_resident(self, self.weight)
+            _make_fp8_resident(self, self.weight)
 
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if shard_id is not None or param.dim() != 2:
@@ -86,13 +86,13 @@ class Linear(nn.Module):
         if tuple(param.shape) != tuple(loaded.shape):
             raise ValueError(f"checkpoint tensor has shape {tuple(loaded.shape)}, parameter expects "
                              f"{tuple(param.shape)}")
-        load_rows(self, param, 0, param.shape[0], loaded, "checkpoint tensor")
+        _load_rows(self, param, 0, param.shape[0], loaded, "checkpoint tensor")
 
     weight_loader.fp8_aware = True
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x W^T (+ bias) with this rank's weight, fp8 or dense."""
-        return fp8_linear(self, x, bias) if is_fp8(self) else F.linear(x, self.weight, bias)
+        return _fp8_linear(self, x, bias) if is_fp8(self) else F.linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -129,7 +129,7 @@ class ColumnParallelLinear(Linear):
         src = loaded.narrow(0, self.tp_rank * n, n) if self.tp_size > 1 else loaded
         if param.dim() == 1:
             return copy_into(param.data, src, f"checkpoint tensor (rank {self.tp_rank}'s rows)")
-        load_rows(self, param, 0, n, src, f"checkpoint tensor (rank {self.tp_rank}'s rows)")
+        _load_rows(self, param, 0, n, src, f"checkpoint tensor (rank {self.tp_rank}'s rows)")
 
     weight_loader.fp8_aware = True
 
@@ -160,10 +160,10 @@ class RowParallelLinear(Linear):
         if param.dim() == 1:  # the bias is whole on every rank
             return copy_into(param.data, loaded)
         if self.tp_size == 1:
-            return load_rows(self, param, 0, param.shape[0], loaded, "checkpoint tensor")
+            return _load_rows(self, param, 0, param.shape[0], loaded, "checkpoint tensor")
         n = param.shape[1]
         _check_whole(loaded, (param.shape[0], n * self.tp_size))
-        load_rows(self, param, 0, param.shape[0], loaded.narrow(1, self.tp_rank * n, n),
+        _load_rows(self, param, 0, param.shape[0], loaded.narrow(1, self.tp_rank * n, n),
                   f"checkpoint tensor (rank {self.tp_rank}'s columns)")
 
     weight_loader.fp8_aware = True
@@ -226,7 +226,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         if param.dim() == 1:
             return copy_into(param.data.narrow(0, self.offsets[i], self.local_sizes[i]),
                              loaded.narrow(0, first, rows), f"shard {self.part_ids()[i]!r}")
-        load_rows(self, param, self.offsets[i], self.local_sizes[i], loaded.narrow(0, first, rows),
+        _load_rows(self, param, self.offsets[i], self.local_sizes[i], loaded.narrow(0, first, rows),
                   f"shard {self.part_ids()[i]!r}")
 
 
