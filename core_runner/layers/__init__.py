@@ -13,6 +13,14 @@ from core_runner.distributed import (
 )
 from core_runner.layers.activation import GATED_ACTIVATIONS, GeluAndMul, SiluAndMul, act_and_mul
 from core_runner.layers.attention import Attention
+from core_runner.layers.decoder_attention import DecoderAttention
+from core_runner.layers.decoder_stack import (
+    AuxHiddenStates,
+    DecoderStack,
+    PreNormDecoderLayer,
+    check_aux_layers,
+    eagle3_default_layers,
+)
 from core_runner.layers.embedding import LMHead, ParallelLMHead, VocabEmbedding, VocabParallelEmbedding
 from core_runner.layers.fp8_weight import dense_weight, is_fp8
 from core_runner.layers.fused_moe import (
@@ -68,4 +76,6 @@ __all__ = [
     "MLAAttention", "QKVLinear", "RMSNorm", "rope_cos_sin_table", "rope_parameters_of", "rope_theta_of",
     "RotaryEmbedding", "SiluAndMul", "softmax_topk", "stacked_expert_name", "swigluoai_ref", "VocabEmbedding",
     "yarn_get_mscale", "yarn_softmax_scale",
+    "AuxHiddenStates", "check_aux_layers", "DecoderAttention", "DecoderStack", "eagle3_default_layers",
+    "PreNormDecoderLayer",
 ]

@@ -16,7 +16,7 @@ from model_states.default import DefaultModelState
 
 
 def _attention_forward(self, positions, x):
-    q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+    q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
     q = q.reshape(-1, self.num_heads, self.head_dim)
     k = k.reshape(-1, self.num_kv_heads, self.head_dim)
     qpos = positions if self.query_positions is None else self.query_positions

@@ -32,20 +32,14 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
-    Attention,
+    DecoderAttention,
     GatedMLP,
     GemmaRMSNorm,
     ParallelLMHead,
-    QKVParallelLinear,
-    RowParallelLinear,
     VocabParallelEmbedding,
-    check_head_split,
-    get_rope,
 )
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
-
-
 
 
 def layer_types_of(config: Any) -> list[str]:
@@ -59,48 +53,21 @@ def layer_types_of(config: Any) -> list[str]:
     return list(kinds)
 
 
-class GemmaAttention(nn.Module):
+def gemma_attention(config: Any, layer_type: str, *, qk_norm: bool, logits_soft_cap: float | None,
+                    rope_layer_type: str | None) -> DecoderAttention:
     """GQA with the layer's window (sliding layers only), Gemma's query scale, Gemma2's
     score soft cap and Gemma3's q/k norms; the RoPE of the layer's kind under Gemma3."""
-
-    def __init__(self, config: Any, layer_type: str, *, qk_norm: bool, logits_soft_cap: float | None,
-                 rope_layer_type: str | None) -> None:
-        super().__init__()
-        hidden = config.hidden_size
-        total_heads = config.num_attention_heads
-        total_kv_heads = config.num_key_value_heads
-        check_head_split(total_heads, total_kv_heads)
-        self.head_dim = getattr(config, "head_dim", None) or hidden // total_heads
-        bias = bool(config.attention_bias)
-        self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, total_heads, total_kv_heads, bias=bias)
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(total_heads * self.head_dim, hidden, bias=bias)
-        self.q_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.k_norm = GemmaRMSNorm(self.head_dim, config.rms_norm_eps) if qk_norm else None
-        self.rotary_emb = get_rope(config, self.head_dim, layer_type=rope_layer_type)
-        window = config.sliding_window if layer_type == "sliding_attention" else None
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, config.query_pre_attn_scalar**-0.5,
-                              sliding_window=window, logits_soft_cap=logits_soft_cap)
-        self.split = [self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim,
-                      self.num_kv_heads * self.head_dim]
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
-
-
+    window = config.sliding_window if layer_type == "sliding_attention" else None
+    return DecoderAttention(config, bias=bool(config.attention_bias), qk_norm=GemmaRMSNorm if qk_norm else None,
+                            scale=config.query_pre_attn_scalar**-0.5, sliding_window=window,
+                            logits_soft_cap=logits_soft_cap, rope_layer_type=rope_layer_type)
 
 
 class GemmaDecoderLayer(nn.Module):
     """x + post_attn(attn(in(x))), then + post_ff(mlp(pre_ff(.))); the adds fused into the
     next norm (``GemmaRMSNorm(x, residual)`` returns norm(x + residual) and the sum)."""
 
-    def __init__(self, config: Any, attn: GemmaAttention) -> None:
+    def __init__(self, config: Any, attn: nn.Module) -> None:
         super().__init__()
         h, eps = config.hidden_size, config.rms_norm_eps
         self.self_attn = attn
@@ -131,7 +98,7 @@ class GemmaModel(nn.Module):
                              persistent=False)
         soft_cap = None if gemma3 else config.attn_logit_softcapping
         self.layers = nn.ModuleList(
-            GemmaDecoderLayer(config, GemmaAttention(config, kind, qk_norm=gemma3, logits_soft_cap=soft_cap,
+            GemmaDecoderLayer(config, gemma_attention(config, kind, qk_norm=gemma3, logits_soft_cap=soft_cap,
                                                      rope_layer_type=kind if gemma3 else None))
             for kind in kinds)
         self.norm = GemmaRMSNorm(config.hidden_size, config.rms_norm_eps)

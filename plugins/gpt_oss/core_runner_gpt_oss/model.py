@@ -28,19 +28,12 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
-    Attention,
+    DecoderAttention,
+    DecoderStack,
     FusedMoE,
     Linear,
     ParallelLMHead,
-    QKVParallelLinear,
-    RMSNorm,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    check_head_split,
-    copy_into,
-    get_rope,
-    get_tensor_model_parallel_rank,
-    get_tensor_model_parallel_world_size,
+    PreNormDecoderLayer,
     softmax_topk,
     stacked_expert_name,
 )
@@ -63,53 +56,6 @@ def layer_types_of(config: Any) -> list[str]:
     return kinds
 
 
-
-
-class GptOssAttention(nn.Module):
-    """GQA with q/k/v/o biases, RoPE, per-head sinks and the layer's window (if sliding)."""
-
-    def __init__(self, config: Any, layer_type: str) -> None:
-        super().__init__()
-        h, total_heads = config.hidden_size, config.num_attention_heads
-        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
-        check_head_split(total_heads, total_kv_heads)
-        window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
-        if layer_type == "sliding_attention" and window is None:
-            raise ValueError("sliding_window=None: layer_types has sliding_attention layers, which need a window")
-        self.head_dim = getattr(config, "head_dim", None) or h // total_heads
-        bias = bool(getattr(config, "attention_bias", True))
-        self.qkv_proj = QKVParallelLinear(h, self.head_dim, total_heads, total_kv_heads, bias=bias)
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
-        self.tp_rank = get_tensor_model_parallel_rank()
-        # this rank's heads' sink logits; Attention reads the tensor, this module loads it
-        self.sinks = nn.Parameter(torch.empty(self.num_heads), requires_grad=False)
-        self.sinks.weight_loader = self.load_sinks
-        self.rotary_emb = get_rope(config, self.head_dim)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5,
-                              sliding_window=window, sinks=self.sinks)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-
-    def load_sinks(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
-        """The checkpoint's sinks [num_attention_heads]: this rank's heads' slice."""
-        if shard_id is not None:
-            raise ValueError(f"sinks are not fused; got shard {shard_id!r}")
-        n = param.shape[0]
-        total = n * get_tensor_model_parallel_world_size()
-        if tuple(loaded.shape) != (total,):
-            raise ValueError(f"sinks have shape {tuple(loaded.shape)}, expected ({total},): one logit per head")
-        copy_into(param.data, loaded.narrow(0, self.tp_rank * n, n) if total != n else loaded,
-                  f"sinks (rank {self.tp_rank}'s heads)")
-
-    load_sinks.accepts_checkpoint_slices = True  # reads only through .shape / .narrow / copy_into
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.reshape(-1, self.num_heads, self.head_dim)
-        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary_emb(positions, q, k)
-        return self.o_proj(self.attn(q, k, v))
 
 
 class GptOssMLP(nn.Module):
@@ -135,40 +81,15 @@ class GptOssMLP(nn.Module):
         return self.experts(x, weights, ids)
 
 
-class GptOssDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_type: str) -> None:
-        super().__init__()
-        self.self_attn = GptOssAttention(config, layer_type)
-        self.mlp = GptOssMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-
-class GptOssModel(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        kinds = layer_types_of(config)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(config, kinds[i]) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        x, _ = self.norm(x, residual)
-        return x
+def gpt_oss_layer(config: Any, layer_idx: int) -> PreNormDecoderLayer:
+    """Pre-norm layer: attention with q/k/v/o biases, sinks and the layer's window, then the MoE."""
+    layer_type = layer_types_of(config)[layer_idx]
+    window = getattr(config, "sliding_window", None) if layer_type == "sliding_attention" else None
+    if layer_type == "sliding_attention" and window is None:
+        raise ValueError("sliding_window=None: layer_types has sliding_attention layers, which need a window")
+    attn = DecoderAttention(config, bias=bool(getattr(config, "attention_bias", True)), sliding_window=window,
+                            sinks=True)
+    return PreNormDecoderLayer(attn, GptOssMLP(config), config.hidden_size, config.rms_norm_eps)
 
 
 class GptOssForCausalLM(nn.Module):
@@ -176,7 +97,7 @@ class GptOssForCausalLM(nn.Module):
 
     def __init__(self, config: Any) -> None:
         super().__init__()
-        self.model = GptOssModel(config)
+        self.model = DecoderStack(config, gpt_oss_layer)
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
         # some checkpoints store a tied matrix twice

@@ -20,17 +20,14 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
-    Attention,
+    DecoderAttention,
     FusedMoE,
     Linear,
     ParallelLMHead,
-    QKVParallelLinear,
     RMSNorm,
-    RowParallelLinear,
     VocabParallelEmbedding,
     divide,
     expert_parallel_enabled,
-    get_rope,
     get_tensor_model_parallel_world_size,
     softmax_topk,
 )
@@ -46,35 +43,15 @@ def check_silu(act: str) -> None:
         raise ValueError(f"hidden_act={act!r} is not supported: expected 'silu'")
 
 
-class GraniteAttention(nn.Module):
+class GraniteAttention(DecoderAttention):
     """GQA whose softmax scale is ``attention_multiplier`` (not head_dim ** -0.5); RoPE
     from the config's ``rope_parameters`` when ``rope``, none otherwise (NoPE layers of
     the hybrid)."""
 
     def __init__(self, config: Any, rope: bool) -> None:
-        super().__init__()
-        h = config.hidden_size
-        total_heads = config.num_attention_heads
-        self.head_dim = getattr(config, "head_dim", None) or h // total_heads
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVParallelLinear(h, self.head_dim, total_heads, config.num_key_value_heads or total_heads,
-                                          bias=bias)
-        # this rank's heads
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(total_heads * self.head_dim, h, bias=bias)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # the whole head rotates: Granite's default RoPE ignores a partial_rotary_factor
-        self.rotary_emb = get_rope(config, self.head_dim, rotary_dim=self.head_dim) if rope else None
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, float(config.attention_multiplier))
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.rotary_emb is not None:
-            q, k = self.rotary_emb(
-                positions, q.reshape(-1, self.num_heads, self.head_dim), k.reshape(-1, self.num_kv_heads, self.head_dim)
-            )
-        return self.o_proj(self.attn(q, k, v))
+        super().__init__(config, scale=float(config.attention_multiplier), rope=rope, rotary_dim=head_dim)
 
 
 class GraniteMoE(nn.Module):

@@ -9,32 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
 
-from core_runner.layers import (
-    MergedColumnParallelLinear,
-    RowParallelLinear,
-    SiluAndMul,
-    divide,
-    get_tensor_model_parallel_world_size,
-)
+from core_runner.layers import GatedMLP
 from core_runner_granite_hybrid.common import GraniteAttention, GraniteCausalLM, GraniteDecoderLayer, check_silu
 
 
-class GraniteMLP(nn.Module):
+class GraniteMLP(GatedMLP):
     """down_proj(silu(gate_proj(x)) * up_proj(x)), gate and up in one matrix."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
         check_silu(getattr(config, "hidden_act", "silu"))
-        h, inter, bias = config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False))
-        divide(inter, get_tensor_model_parallel_world_size(), "intermediate_size")
-        self.gate_up_proj = MergedColumnParallelLinear(h, [inter, inter], bias=bias)
-        self.down_proj = RowParallelLinear(inter, h, bias=bias)
-        self.act = SiluAndMul()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        super().__init__(config.hidden_size, config.intermediate_size, "silu",
+                         bias=bool(getattr(config, "mlp_bias", False)))
 
 
 class GraniteDenseDecoderLayer(GraniteDecoderLayer):

@@ -23,73 +23,19 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
-    Attention,
+    DecoderAttention,
+    DecoderStack,
     GatedMLP,
-    QKVParallelLinear,
+    PreNormDecoderLayer,
     ReplicatedLinear,
-    RMSNorm,
-    RowParallelLinear,
-    VocabParallelEmbedding,
-    check_head_split,
-    get_rope,
 )
 
 
-class LlamaAttention(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        hidden, heads = config.hidden_size, config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        check_head_split(heads, kv_heads)
-        self.head_dim = getattr(config, "head_dim", None) or hidden // heads
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = QKVParallelLinear(hidden, self.head_dim, heads, kv_heads, bias=bias)
-        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(heads * self.head_dim, hidden, bias=bias)
-        self.rotary_emb = get_rope(config, self.head_dim)
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
-        kv = self.num_kv_heads * self.head_dim
-        self.split = [self.num_heads * self.head_dim, kv, kv]
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q, k = self.rotary_emb(positions, q.reshape(-1, self.num_heads, self.head_dim),
-                               k.reshape(-1, self.num_kv_heads, self.head_dim))
-        return self.o_proj(self.attn(q, k, v))
-
-
-class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(config)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
-                            bias=bool(getattr(config, "mlp_bias", False)))
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor,
-                residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
-
-
-class LlamaModel(nn.Module):
-    def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        return self.norm(x, residual)[0]
+def llama_layer(config: Any, layer_idx: int) -> PreNormDecoderLayer:
+    """Llama's pre-norm layer (``attention_bias`` read by DecoderAttention, ``mlp_bias`` here)."""
+    mlp = GatedMLP(config.hidden_size, config.intermediate_size, config.hidden_act,
+                   bias=bool(getattr(config, "mlp_bias", False)))
+    return PreNormDecoderLayer(DecoderAttention(config), mlp, config.hidden_size, config.rms_norm_eps)
 
 
 class LlamaForSequenceClassification(nn.Module):
@@ -108,7 +54,7 @@ class LlamaForSequenceClassification(nn.Module):
         super().__init__()
         self.config = config
         self.hidden_size = int(config.hidden_size)
-        self.model = LlamaModel(config)
+        self.model = DecoderStack(config, llama_layer)
         self.score = ReplicatedLinear(config.hidden_size, int(config.num_labels), bias=self.score_bias(config))
 
     @staticmethod

@@ -33,13 +33,15 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
+    DecoderAttention,
     Linear,
     ParallelLMHead,
     RMSNorm,
     VocabParallelEmbedding,
+    eagle3_default_layers,
 )
 from core_runner.sdk import DraftModel
-from core_runner_qwen3.model import Qwen3Attention, Qwen3DecoderLayer, Qwen3MLP, eagle3_default_layers
+from core_runner_qwen3.model import Qwen3DecoderLayer, Qwen3MLP
 
 PACKED = {
     "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
@@ -88,10 +90,10 @@ def share(draft: nn.Module, name: str, module: nn.Module, width: int) -> None:
     object.__setattr__(draft, name, module)
 
 
-def llama_attention(config: Any, max_position: int, input_size: int | None = None) -> Qwen3Attention:
+def llama_attention(config: Any, max_position: int, input_size: int | None = None) -> DecoderAttention:
     """Llama attention (RoPE, no q/k norm); q/k/v read ``input_size`` features (2H in
     EAGLE-3's first layer); heads split over tensor-parallel ranks like the target's."""
-    return Qwen3Attention(config, input_size=input_size, qk_norm=False, max_position=max_position)
+    return DecoderAttention(config, input_size=input_size, max_position=max_position)
 
 
 def llama_draft_layer(config: Any, max_position: int, input_layernorm: bool = True) -> Qwen3DecoderLayer:
