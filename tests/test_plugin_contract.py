@@ -99,4 +99,4 @@ def test_cli_plugins_shows_the_sdk_and_each_range(capsys):
     main(["plugins"])
     out = capsys.readouterr().out
     assert f"core_runner.sdk {SDK_VERSION}" in out
-    assert "Qwen3ForCausalLM tasks=generate reference=transformers:Qwen3ForCausalLM sdk=>=1.2,<2" in out
+    assert "Qwen3ForCausalLM tasks=generate reference=transformers:Qwen3ForCausalLM sdk=>=1.4,<2" in out

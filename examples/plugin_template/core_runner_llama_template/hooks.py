@@ -4,7 +4,7 @@ from core_runner.sdk import hookimpl
 from core_runner_llama_template.examples import LLAMA_3_2_1B
 
 # the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
-SDK_RANGE = ">=1.0,<2"
+SDK_RANGE = ">=1.4,<2"  # the standard decoder blocks (SDK 1.4)
 
 # Tiny configs for the conformance suite: it builds transformers.LlamaForCausalLM from
 # each one with random weights and checks this plugin against it.

@@ -5,7 +5,7 @@ from core_runner_gemma.examples import GEMMA_2_2B, GEMMA_3_1B_PT
 
 # the core_runner.sdk versions this plugin is written for: 1.1 added GemmaRMSNorm, GeluAndMul
 # and Attention's sliding_window / logits_soft_cap options
-SDK_RANGE = ">=1.2,<2"  # check_head_split (SDK 1.2) and the attention options (1.1)
+SDK_RANGE = ">=1.4,<2"  # the standard decoder blocks (SDK 1.4), check_head_split (1.2), attention options (1.1)
 
 CAPABILITIES = {
     "chunked_prefill": "supported",

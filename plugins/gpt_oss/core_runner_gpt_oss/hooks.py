@@ -11,7 +11,7 @@ from core_runner.sdk import hookimpl
 from core_runner_gpt_oss.examples import GPT_OSS_20B
 
 # the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
-SDK_RANGE = ">=1.2,<2"  # check_head_split (SDK 1.2) and the attention options (1.1)
+SDK_RANGE = ">=1.4,<2"  # the standard decoder blocks (SDK 1.4), check_head_split (1.2), attention options (1.1)
 
 CAPABILITIES = {
     "chunked_prefill": "supported",

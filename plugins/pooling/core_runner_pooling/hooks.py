@@ -12,7 +12,7 @@ from core_runner_pooling.examples import (
 )
 
 # the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
-SDK_RANGE = ">=1.0,<2"
+SDK_RANGE = ">=1.4,<2"  # the standard decoder blocks (SDK 1.4)
 
 STATE = "model_states.pooling:PoolingModelState"
 CLASSIFY_STATE = "model_states.classify:ClassifyModelState"
