@@ -13,8 +13,7 @@ class with the same methods as ``ThinkParser``).
 """
 from __future__ import annotations
 
-from importlib.metadata import entry_points
-
+from core_runner.entrypoints.openai.parser_registry import find_parser
 from core_runner.entrypoints.openai.text_split import safe_prefix
 
 START, END = "<think>", "</think>"
@@ -96,10 +95,4 @@ GROUP = "core_runner.reasoning_parsers"
 
 def get_reasoning_parser(name: str) -> type:
     """The parser class registered as ``name`` (built in, or by entry point)."""
-    if name in REASONING_PARSERS:
-        return REASONING_PARSERS[name]
-    for ep in entry_points(group=GROUP):
-        if ep.name == name:
-            return ep.load()
-    valid = sorted(REASONING_PARSERS) + sorted(ep.name for ep in entry_points(group=GROUP))
-    raise ValueError(f"--reasoning-parser {name!r} is unknown; valid: {', '.join(valid)}")
+    return find_parser(name, REASONING_PARSERS, GROUP, "--reasoning-parser")

@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from importlib.metadata import entry_points
 from typing import Any
 
+from core_runner.entrypoints.openai.parser_registry import find_parser
 from core_runner.entrypoints.openai.text_split import safe_prefix
 
 
@@ -231,10 +231,4 @@ GROUP = "core_runner.tool_parsers"
 
 def get_tool_parser(name: str) -> type:
     """The parser class registered as ``name`` (built in, or by entry point)."""
-    if name in TOOL_PARSERS:
-        return TOOL_PARSERS[name]
-    for ep in entry_points(group=GROUP):
-        if ep.name == name:
-            return ep.load()
-    valid = sorted(TOOL_PARSERS) + sorted(ep.name for ep in entry_points(group=GROUP))
-    raise ValueError(f"--tool-call-parser {name!r} is unknown; valid: {', '.join(valid)}")
+    return find_parser(name, TOOL_PARSERS, GROUP, "--tool-call-parser")
