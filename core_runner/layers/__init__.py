@@ -13,6 +13,7 @@ from core_runner.distributed import (
 )
 from core_runner.layers.activation import GATED_ACTIVATIONS, GeluAndMul, SiluAndMul, act_and_mul
 from core_runner.layers.attention import Attention
+from core_runner.layers.causal_lm import QKV_GATE_UP_PACKED, CausalLM
 from core_runner.layers.decoder_attention import DecoderAttention
 from core_runner.layers.decoder_stack import (
     AuxHiddenStates,
@@ -77,5 +78,5 @@ __all__ = [
     "RotaryEmbedding", "SiluAndMul", "softmax_topk", "stacked_expert_name", "swigluoai_ref", "VocabEmbedding",
     "yarn_get_mscale", "yarn_softmax_scale",
     "AuxHiddenStates", "check_aux_layers", "DecoderAttention", "DecoderStack", "eagle3_default_layers",
-    "PreNormDecoderLayer",
+    "PreNormDecoderLayer", "CausalLM", "QKV_GATE_UP_PACKED",
 ]

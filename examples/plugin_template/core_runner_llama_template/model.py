@@ -23,15 +23,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import nn
-
 from core_runner.layers import (
     AuxHiddenStates,
+    CausalLM,
     DecoderAttention,
     DecoderStack,
     GatedMLP,
-    ParallelLMHead,
     PreNormDecoderLayer,
 )
 
@@ -50,30 +47,12 @@ def llama_layer(config: Any, layer_idx: int) -> PreNormDecoderLayer:
     return PreNormDecoderLayer(DecoderAttention(config), mlp, config.hidden_size, config.rms_norm_eps)
 
 
-class LlamaForCausalLM(AuxHiddenStates, nn.Module):
+class LlamaForCausalLM(AuxHiddenStates, CausalLM):
     """``Model(hf_config)``; ``forward(input_ids, positions) -> hidden`` (or (hidden, aux), see
-    ``set_aux_hidden_state_layers``); ``compute_logits``."""
-
-    packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-    }
-    ignored_weight_patterns = (r"rotary_emb\.inv_freq",)
+    ``set_aux_hidden_state_layers``); ``compute_logits``. The loader's hooks are CausalLM's:
+    q/k/v and gate/up packed (``packed_modules_mapping``), rotary caches and a tied head's
+    second copy skipped (``ignored_weight_patterns``)."""
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
         check_supported(config)
-        self.model = DecoderStack(config, llama_layer)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
-                                      self.model.embed_tokens if tied else None)
-        if tied:  # the shared matrix may also be stored under lm_head
-            self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        super().__init__(config, DecoderStack(config, llama_layer))

@@ -3,7 +3,7 @@ from core_runner.sdk import hookimpl
 from core_runner_deepseek.examples import DEEPSEEK_V2_LITE, DEEPSEEK_V3
 
 # the core_runner.sdk versions this plugin is written for: any 1.x (docs/plugin_contract.md)
-SDK_RANGE = ">=1.3,<2"  # quantized= on kv_b_proj (1.3)
+SDK_RANGE = ">=1.4,<2"  # the standard decoder blocks (1.4), quantized= on kv_b_proj (1.3)
 
 CAPABILITIES = {
     "chunked_prefill": "supported",

@@ -34,14 +34,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from core_runner.layers import (
+    CausalLM,
     ColumnParallelLinear,
+    DecoderStack,
     MergedColumnParallelLinear,
-    ParallelLMHead,
+    PreNormDecoderLayer,
     ReplicatedLinear,
     RMSNorm,
     RowParallelLinear,
     SiluAndMul,
-    VocabParallelEmbedding,
     divide,
     get_rope,
     get_tensor_model_parallel_world_size,
@@ -178,76 +179,35 @@ class DeepseekMoE(nn.Module):
         return tensor_model_parallel_all_reduce(out)
 
 
-class DeepseekDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_idx: int, version: int, interleaved_rope: bool) -> None:
-        super().__init__()
-        self.self_attn = DeepseekMLA(config, interleaved_rope)
-        if layer_idx >= (getattr(config, "first_k_dense_replace", 0) or 0):
-            self.mlp = DeepseekMoE(config, version)
-        else:
-            self.mlp = DeepseekMLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, residual: torch.Tensor | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = x
-            x = self.input_layernorm(x)
-        else:
-            x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x)
-        x, residual = self.post_attention_layernorm(x, residual)
-        return self.mlp(x), residual
+def deepseek_layer(config: Any, layer_idx: int, version: int, interleaved_rope: bool) -> PreNormDecoderLayer:
+    """The standard pre-norm layer around MLA; its MLP is dense for the first
+    ``first_k_dense_replace`` layers, the MoE after them."""
+    if layer_idx >= (getattr(config, "first_k_dense_replace", 0) or 0):
+        mlp = DeepseekMoE(config, version)
+    else:
+        mlp = DeepseekMLP(config.hidden_size, config.intermediate_size)
+    return PreNormDecoderLayer(DeepseekMLA(config, interleaved_rope), mlp, config.hidden_size, config.rms_norm_eps)
 
 
-class DeepseekModel(nn.Module):
-    def __init__(self, config: Any, version: int, interleaved_rope: bool) -> None:
-        super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DeepseekDecoderLayer(config, i, version, interleaved_rope)
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual)
-        x, _ = self.norm(x, residual)
-        return x
-
-
-class _DeepseekForCausalLM(nn.Module):
+class _DeepseekForCausalLM(CausalLM):
     version = 2
-    ignored_weight_patterns: tuple[str, ...] = (r"rotary_emb\.inv_freq",)
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
         if getattr(config, "mlp_bias", False):
             raise ValueError("mlp_bias=True is not supported by core-runner-deepseek")
         if (getattr(config, "hidden_act", "silu") or "silu") != "silu":
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
         interleaved = True if self.version == 2 else bool(getattr(config, "rope_interleave", True))
-        self.model = DeepseekModel(config, self.version, interleaved)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
-        # per-expert checkpoint tensors first (first match wins), then the dense MLPs' gate/up
+        super().__init__(config, DecoderStack(config, lambda cfg, i: deepseek_layer(cfg, i, self.version, interleaved)))
+        # per-expert checkpoint tensors first (first match wins), then the dense MLPs' gate/up;
+        # no q/k/v packing: MLA's q_proj is a module of its own
         self.packed_modules_mapping = {
             **expert_packed_mapping(config.n_routed_experts),
             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
         }
-        patterns = list(self.ignored_weight_patterns)
         # multi-token-prediction layers (V3 checkpoints) are not used for plain decoding
-        patterns.append(rf"^model\.layers\.({'|'.join(str(config.num_hidden_layers + i) for i in range(8))})\.")
-        if tied:
-            patterns.append(r"^lm_head\.weight$")
-        self.ignored_weight_patterns = tuple(patterns)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        mtp = rf"^model\.layers\.({'|'.join(str(config.num_hidden_layers + i) for i in range(8))})\."
+        self.ignored_weight_patterns = (*self.ignored_weight_patterns, mtp)
 
 
 class DeepseekV2ForCausalLM(_DeepseekForCausalLM):

@@ -32,7 +32,7 @@ from torch import nn
 
 from core_runner.layers import ParallelLMHead, ReplicatedLinear, RMSNorm, VocabParallelEmbedding, expert_packed_mapping
 from core_runner.sdk import DraftModel
-from core_runner_deepseek.model import DeepseekDecoderLayer
+from core_runner_deepseek.model import deepseek_layer
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
 _OWN = ("enorm", "hnorm", "eh_proj", "shared_head")  # the rest of a layer's tensors are its decoder block's
@@ -68,8 +68,8 @@ class DeepSeekMTPLayer(nn.Module):
         self.eh_proj = ReplicatedLinear(2 * h, h)
         self.shared_head = SharedHead(config, with_head)
         # the plugin's own layer: MLA with a latent cache, MoE by layer_idx, split like the target's
-        self.mtp_block = DeepseekDecoderLayer(config, layer_idx, version=3,
-                                              interleaved_rope=bool(getattr(config, "rope_interleave", True)))
+        self.mtp_block = deepseek_layer(config, layer_idx, version=3,
+                                        interleaved_rope=bool(getattr(config, "rope_interleave", True)))
 
     def forward(self, embeds: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -32,10 +32,10 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
+    CausalLM,
     DecoderAttention,
     GatedMLP,
     GemmaRMSNorm,
-    ParallelLMHead,
     VocabParallelEmbedding,
 )
 
@@ -111,28 +111,15 @@ class GemmaModel(nn.Module):
         return self.norm(x, residual)[0]
 
 
-class _GemmaForCausalLM(nn.Module):
+class _GemmaForCausalLM(CausalLM):
     """``Model(hf_config)``; ``forward(input_ids, positions) -> hidden``; ``compute_logits``
-    (with the final soft cap)."""
+    (with the final soft cap). The LM head is tied unless the config unties it."""
 
     gemma3 = False
-    packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-    }
-    ignored_weight_patterns = (r"rotary_emb\.inv_freq",)
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.model = GemmaModel(config, self.gemma3)
-        tied = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
-        if tied:  # the shared matrix may also be stored under lm_head
-            self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
+        super().__init__(config, GemmaModel(config, self.gemma3), tie_default=True)
         self.final_logit_softcapping = config.final_logit_softcapping
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden)

@@ -28,11 +28,11 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
+    CausalLM,
     DecoderAttention,
     DecoderStack,
     FusedMoE,
     Linear,
-    ParallelLMHead,
     PreNormDecoderLayer,
     softmax_topk,
     stacked_expert_name,
@@ -92,24 +92,13 @@ def gpt_oss_layer(config: Any, layer_idx: int) -> PreNormDecoderLayer:
     return PreNormDecoderLayer(attn, GptOssMLP(config), config.hidden_size, config.rms_norm_eps)
 
 
-class GptOssForCausalLM(nn.Module):
+class GptOssForCausalLM(CausalLM):
     packed_modules_mapping = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v")}
 
     def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.model = DecoderStack(config, gpt_oss_layer)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
-        # some checkpoints store a tied matrix twice
-        self.ignored_weight_patterns = (r"rotary_emb\.inv_freq",) + ((r"^lm_head\.weight$",) if tied else ())
+        super().__init__(config, DecoderStack(config, gpt_oss_layer))
 
     @staticmethod
     def map_weight_name(name: str) -> str:
         """transformers' stacked expert tensors -> FusedMoE's parameters (``w13.weight`` ...)."""
         return stacked_expert_name(name)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import nn
-
 from core_runner.layers import (
+    CausalLM,
     DecoderAttention,
     DecoderStack,
     GatedMLP,
-    ParallelLMHead,
     PreNormDecoderLayer,
 )
 
@@ -34,25 +31,8 @@ def mistral_layer(config: Any, layer_idx: int) -> PreNormDecoderLayer:
     return PreNormDecoderLayer(attn, mlp, config.hidden_size, config.rms_norm_eps)
 
 
-class MistralForCausalLM(nn.Module):
+class MistralForCausalLM(CausalLM):
     """``Model(hf_config)``; ``forward(input_ids, positions) -> hidden``; ``compute_logits``."""
 
-    packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-    }
-    ignored_weight_patterns = (r"rotary_emb\.inv_freq",)
-
     def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.model = DecoderStack(config, mistral_layer)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
-        if tied:  # the shared matrix may also be stored under lm_head
-            self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        super().__init__(config, DecoderStack(config, mistral_layer))

@@ -159,7 +159,7 @@ def register_models(registry):
         capabilities=LLAMA_REWARD_CAPABILITIES,
         accepted_config=LLAMA_ACCEPTED,
         reference="transformers:LlamaForSequenceClassification",
-        sdk_version=">=1.2,<2",  # check_head_split (SDK 1.2)
+        sdk_version=">=1.4,<2",  # the standard decoder blocks (SDK 1.4)
         tasks=("reward", "classify", "score"),
         examples=[{"name": "tiny-llama-reward", "config": {**TINY_LLAMA, "num_labels": 1, "attention_bias": True}},
                   {"name": "skywork-reward-llama-3.1-8b-shape", "config": SKYWORK_REWARD_LLAMA_3_1_8B}],
@@ -171,7 +171,7 @@ def register_models(registry):
         capabilities=LLAMA_TOKEN_REWARD_CAPABILITIES,
         accepted_config=LLAMA_ACCEPTED,
         reference="transformers:LlamaForTokenClassification",
-        sdk_version=">=1.2,<2",
+        sdk_version=">=1.4,<2",
         tasks=("reward",),
         examples=[{"name": "tiny-llama-token-reward", "config": {**TINY_LLAMA, "num_labels": 2, "mlp_bias": True}}],
     )

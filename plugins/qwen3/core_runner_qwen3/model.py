@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 from core_runner.layers import (
     AuxHiddenStates,
+    CausalLM,
     DecoderAttention,
     DecoderStack,
     GatedMLP,
-    ParallelLMHead,
     PreNormDecoderLayer,
     RMSNorm,
 )
@@ -76,25 +75,6 @@ class Qwen3Model(DecoderStack):
         super().__init__(config, make_layer or qwen3_layer)
 
 
-class Qwen3ForCausalLM(AuxHiddenStates, nn.Module):
-    packed_modules_mapping = {
-        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-    }
-    ignored_weight_patterns = (r"rotary_emb\.inv_freq",)
-
+class Qwen3ForCausalLM(AuxHiddenStates, CausalLM):
     def __init__(self, config: Any) -> None:
-        super().__init__()
-        self.model = Qwen3Model(config)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
-        if tied:  # some checkpoints store the shared matrix twice
-            self.ignored_weight_patterns = (*self.ignored_weight_patterns, r"^lm_head\.weight$")
-
-    def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor
-    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        super().__init__(config, Qwen3Model(config))

@@ -16,10 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from core_runner.layers import Linear, ParallelLMHead
+from core_runner.layers import QKV_GATE_UP_PACKED, AuxHiddenStates, CausalLM, Linear
 from core_runner.layers.fused_moe import FusedMoE, expert_packed_mapping
 from core_runner.layers.moe_routing import softmax_topk
-from core_runner_qwen3.model import AuxHiddenStates, Qwen3DecoderLayer, Qwen3Model, layer_window
+from core_runner_qwen3.model import Qwen3DecoderLayer, Qwen3Model, layer_window
 
 
 class Qwen3MoeSparseBlock(nn.Module):
@@ -47,26 +47,12 @@ def moe_decoder_layer(config: Any, layer_idx: int) -> Qwen3DecoderLayer:
                              sliding_window=layer_window(config, layer_idx))
 
 
-class Qwen3MoeForCausalLM(AuxHiddenStates, nn.Module):
+class Qwen3MoeForCausalLM(AuxHiddenStates, CausalLM):
     def __init__(self, config: Any) -> None:
-        super().__init__()
         if getattr(config, "use_sliding_window", False):
             raise ValueError("use_sliding_window=True is not supported by core-runner-qwen3")
         if (getattr(config, "hidden_act", "silu") or "silu") != "silu":
             raise ValueError(f"hidden_act={config.hidden_act!r} is not supported: only 'silu'")
-        self.model = Qwen3Model(config, moe_decoder_layer)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
+        super().__init__(config, Qwen3Model(config, moe_decoder_layer))
         # per-expert tensors first (first match wins), then the attention and dense MLPs
-        self.packed_modules_mapping = {
-            **expert_packed_mapping(config.num_experts),
-            "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-            "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-        }
-        self.ignored_weight_patterns = (r"rotary_emb\.inv_freq",) + ((r"^lm_head\.weight$",) if tied else ())
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+        self.packed_modules_mapping = {**expert_packed_mapping(config.num_experts), **QKV_GATE_UP_PACKED}
