@@ -13,7 +13,7 @@ from packaging.version import Version
 
 # 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches; 1.3: LogitsProcessor,
 # linear layers' quantized=, row-state snapshots and verification rollback (ModelState hooks);
-# 1.4: the standard decoder blocks (DecoderAttention, PreNormDecoderLayer, DecoderStack, AuxHiddenStates)
+# 1.4: the standard decoder blocks (DecoderAttention, PreNormDecoderLayer, DecoderStack, AuxHiddenStates, CausalLM)
 SDK_VERSION = "1.4.0"
 
 
