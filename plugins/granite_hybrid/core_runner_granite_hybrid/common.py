@@ -20,10 +20,10 @@ import torch
 from torch import nn
 
 from core_runner.layers import (
+    CausalLM,
     DecoderAttention,
     FusedMoE,
     Linear,
-    ParallelLMHead,
     RMSNorm,
     VocabParallelEmbedding,
     divide,
@@ -129,7 +129,7 @@ class GraniteModel(nn.Module):
         return self.norm(x)
 
 
-class GraniteCausalLM(nn.Module):
+class GraniteCausalLM(CausalLM):
     """``model`` (a GraniteModel of the given layers) + LM head (tied to the embedding when
     ``tie_word_embeddings``), logits divided by ``logits_scaling``; checkpoint names per
     ``packed_modules_mapping`` and ``weight_names`` (regex, replacement) pairs."""
@@ -138,21 +138,13 @@ class GraniteCausalLM(nn.Module):
     weight_names: tuple[tuple[re.Pattern, str], ...] = ()
 
     def __init__(self, config: Any, layers: list[nn.Module]) -> None:
-        super().__init__()
-        self.model = GraniteModel(config, layers)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, self.model.embed_tokens if tied else None)
-        # some checkpoints store the shared matrix twice
-        self.ignored_weight_patterns = (r"rotary_emb\.inv_freq",) + ((r"^lm_head\.weight$",) if tied else ())
+        super().__init__(config, GraniteModel(config, layers))
         self.logits_scaling = float(config.logits_scaling)
 
     def map_weight_name(self, name: str) -> str:
         for pattern, new in self.weight_names:
             name = pattern.sub(new, name)
         return name
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids, positions)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden) / self.logits_scaling
