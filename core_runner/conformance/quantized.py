@@ -11,9 +11,9 @@ Schemes (``SCHEMES``, each under the capability that declares it):
   config.json as llm-compressor writes it.
 
 What is quantized: every 2-dim ``.weight`` except embeddings, norms, routers and lm_head
-(``UNQUANTIZED``; DeepSeek-V3 and llm-compressor's recipes leave those dense). Stacked
-expert tensors (3-dim, gpt-oss's layout) stay dense: the hub's fp8 checkpoints of such
-families quantize the experts in other formats. The reference is reloaded with the
+(``UNQUANTIZED``; DeepSeek-V3 and llm-compressor's recipes leave those dense); with block
+fp8 also stacked expert tensors (3-dim, gpt-oss's layout; blocks over each expert's
+matrix), which compressed-tensors, targeting Linear modules, leaves dense. The reference is reloaded with the
 dequantized weights, so it computes with exactly the values the plugin must recover.
 """
 from __future__ import annotations
@@ -33,6 +33,8 @@ from core_runner.quantization import dequantize_fp8_block, quantize_fp8_block
 # kept unquantized, as the published fp8 checkpoints ship them (transformers'
 # modules_to_not_convert: lm_head; llm-compressor's ignore: lm_head and the MoE routers)
 UNQUANTIZED = re.compile(r"(embed_tokens|embeddings|embedding|wte|lm_head|norm|layernorm|mlp\.gate|router)\.weight$")
+# Hugging Face's stacked expert tensors [experts, in, out] (gpt-oss)
+STACKED_EXPERTS = re.compile(r"experts\.(gate_up_proj|down_proj)$")
 # scheme -> the capability that declares it
 SCHEMES = {"fp8-block": "quantization:fp8", "ct-tensor": "quantization:compressed-tensors",
            "ct-channel": "quantization:compressed-tensors"}
@@ -63,8 +65,15 @@ def fp8_block_size(config: dict) -> tuple[int, int] | None:
     return int(b0), int(b1)
 
 
-def is_quantized_name(name: str, w: torch.Tensor) -> bool:
-    return w.dim() == 2 and name.endswith(".weight") and w.is_floating_point() and not UNQUANTIZED.search(name)
+def is_quantized_name(name: str, w: torch.Tensor, scheme: str = "fp8-block") -> bool:
+    """Whether ``scheme`` stores checkpoint tensor ``name`` in fp8: a projection's 2-dim weight;
+    for block fp8 also stacked experts (3-dim, one block grid per expert), which
+    compressed-tensors (targets: Linear) leaves dense."""
+    if not w.is_floating_point() or UNQUANTIZED.search(name):
+        return False
+    if w.dim() == 3 and scheme == "fp8-block":
+        return STACKED_EXPERTS.search(name) is not None
+    return w.dim() == 2 and name.endswith(".weight")
 
 
 def _ct_quantize(w: torch.Tensor, strategy: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -91,7 +100,7 @@ def quantize_tensors(tensors: dict[str, torch.Tensor], scheme: str,
         raise ValueError(f"scheme {scheme!r} is unknown: expected one of {sorted(SCHEMES)}")
     stored, dequantized, names = {}, {}, []
     for name, w in tensors.items():
-        if not is_quantized_name(name, w):
+        if not is_quantized_name(name, w, scheme):
             stored[name] = dequantized[name] = w
             continue
         names.append(name)
