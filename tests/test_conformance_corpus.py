@@ -90,7 +90,8 @@ BUGS = [
 
 # control fixture -> the checks its family's bugs run (the real plugins pass them all)
 CONTROLS = {
-    "control_dense": (*GENERATE, "CR-EQ-18"), "control_moe": GENERATE, "control_mla": GENERATE, "control_hybrid": GENERATE,
+    "control_dense": (*GENERATE, "CR-EQ-18"), "control_moe": GENERATE, "control_mla": GENERATE,
+    "control_hybrid": GENERATE,
     "control_pooling": (*EMBED, "CR-EQ-12"),
     "loop_pooling": EMBED,  # the base the chunked pooling bugs change one method of
 }
