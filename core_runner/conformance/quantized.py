@@ -65,11 +65,11 @@ def fp8_block_size(config: dict) -> tuple[int, int] | None:
     return int(b0), int(b1)
 
 
-def is_quantized_name(name: str, w: torch.Tensor, scheme: str = "fp8-block") -> bool:
-    """Whether ``scheme`` stores checkpoint tensor ``name`` in fp8: a projection's 2-dim weight;
-    for block fp8 also stacked experts (3-dim, one block grid per expert), which
-    compressed-tensors (targets: Linear) leaves dense."""
-    if not w.is_floating_point() or UNQUANTIZED.search(name):
+def is_quantized_name(name: str, w: torch.Tensor, scheme: str = "fp8-block", keep: re.Pattern = UNQUANTIZED) -> bool:
+    """Whether ``scheme`` stores checkpoint tensor ``name`` in fp8: a projection's 2-dim weight
+    not matched by ``keep``; for block fp8 also stacked experts (3-dim, one block grid per
+    expert), which compressed-tensors (targets: Linear) leaves dense."""
+    if not w.is_floating_point() or keep.search(name):
         return False
     if w.dim() == 3 and scheme == "fp8-block":
         return STACKED_EXPERTS.search(name) is not None
@@ -93,14 +93,15 @@ def _ct_quantize(w: torch.Tensor, strategy: str) -> tuple[torch.Tensor, torch.Te
     return q, scale.float(), dequantize(q, scale, zero, args, dtype=torch.float32)
 
 
-def quantize_tensors(tensors: dict[str, torch.Tensor], scheme: str,
-                     block: tuple[int, int] = BLOCK) -> tuple[dict, dict, list[str]]:
-    """(the checkpoint's tensors, the dequantized ones for the reference, the quantized names)."""
+def quantize_tensors(tensors: dict[str, torch.Tensor], scheme: str, block: tuple[int, int] = BLOCK,
+                     keep: re.Pattern = UNQUANTIZED) -> tuple[dict, dict, list[str]]:
+    """(the checkpoint's tensors, the dequantized ones for the reference, the quantized names);
+    ``keep``: the names left unquantized."""
     if scheme not in SCHEMES:
         raise ValueError(f"scheme {scheme!r} is unknown: expected one of {sorted(SCHEMES)}")
     stored, dequantized, names = {}, {}, []
     for name, w in tensors.items():
-        if not is_quantized_name(name, w, scheme):
+        if not is_quantized_name(name, w, scheme, keep):
             stored[name] = dequantized[name] = w
             continue
         names.append(name)
@@ -136,8 +137,8 @@ def _read_all(path: Path) -> tuple[list[Path], dict[str, torch.Tensor]]:
     return files, tensors
 
 
-def write_quantized_checkpoint(src: Path, dst: Path, reference_cls: Any, scheme: str,
-                               block: tuple[int, int] = BLOCK) -> tuple[Any, list[str]]:
+def write_quantized_checkpoint(src: Path, dst: Path, reference_cls: Any, scheme: str, block: tuple[int, int] = BLOCK,
+                               keep: re.Pattern = UNQUANTIZED) -> tuple[Any, list[str]]:
     """Write ``src`` (a float32 checkpoint) quantized with ``scheme`` into ``dst``; returns the
     reference model loaded from the dequantized weights (None without ``reference_cls``) and
     the names that were quantized."""
@@ -146,7 +147,7 @@ def write_quantized_checkpoint(src: Path, dst: Path, reference_cls: Any, scheme:
         shutil.rmtree(dst)
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
     _, tensors = _read_all(src)
-    stored, dequantized, names = quantize_tensors(tensors, scheme, block)
+    stored, dequantized, names = quantize_tensors(tensors, scheme, block, keep)
     cfg_file = dst / "config.json"
     cfg = {k: v for k, v in json.loads(cfg_file.read_text()).items() if k != "quantization_config"}
     target = str(dst / "model.safetensors")
