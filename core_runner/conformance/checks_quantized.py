@@ -48,12 +48,13 @@ def _plain_example(ctx: Ctx) -> Example:
 
 
 def _expected_grid(scheme: str) -> tuple[int, int]:
+    """The scale grid the engine's parser gives the scheme's layers (compressed-tensors: [1, 128])."""
+    from types import SimpleNamespace
+
     from core_runner.quantization import quantization_from_config
 
-    class _Cfg:
-        quantization_config = scheme_config(scheme, [])
-
-    return tuple(quantization_from_config(_Cfg).resident_block)
+    parsed = quantization_from_config(SimpleNamespace(quantization_config=scheme_config(scheme)))
+    return tuple(parsed.resident_block)
 
 
 def _engine(ctx: Ctx, base_path: str) -> Any:

@@ -116,7 +116,7 @@ def quantize_tensors(tensors: dict[str, torch.Tensor], scheme: str, block: tuple
     return stored, dequantized, names
 
 
-def scheme_config(scheme: str, names: list[str], block: tuple[int, int] = BLOCK) -> dict:
+def scheme_config(scheme: str, block: tuple[int, int] = BLOCK) -> dict:
     """config.json's quantization_config for ``scheme``; compressed-tensors' through its
     library's QuantizationConfig, with ``ignore`` naming the Linear modules left dense."""
     if scheme == "fp8-block":
@@ -157,7 +157,7 @@ def write_quantized_checkpoint(src: Path, dst: Path, reference_cls: Any, scheme:
         cfg_file.write_text(json.dumps(cfg, indent=2))
         reference = reference_cls.from_pretrained(str(dst), dtype=torch.float32).eval()
     save_file({k: v.contiguous() for k, v in stored.items()}, target, metadata={"format": "pt"})
-    cfg_file.write_text(json.dumps({**cfg, "quantization_config": scheme_config(scheme, names, block)}, indent=2))
+    cfg_file.write_text(json.dumps({**cfg, "quantization_config": scheme_config(scheme, block)}, indent=2))
     return reference, names
 
 
