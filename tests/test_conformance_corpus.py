@@ -8,8 +8,8 @@ the same way) passes the same checks.
 Every one of these bugs passes CR-EQ-01 on the registered examples: they never move the
 field off one value, a buffer stays at its init value, or no chunk boundary falls where
 the bug bites. The suite catches them by field sensitivity (CR-EQ-12), reference weights
-that leave no tensor at its init value, the first-diverging-module diagnosis and the
-chunked pooling checks."""
+that leave no tensor at its init value, the first-diverging-module diagnosis, the
+chunked pooling checks and the suite's own fp8 checkpoints (CR-EQ-18: the fp8 loading bugs)."""
 from __future__ import annotations
 
 import importlib
@@ -52,6 +52,11 @@ BUGS = [
     Bug("dense_attention_bias_ignored", "dense", GENERATE, "CR-EQ-12", (("attention_bias",),)),
     Bug("dense_llama3_bands", "dense", GENERATE, "CR-EQ-12", (("low_freq_factor", "high_freq_factor"),)),
     Bug("dense_activation_assumed", "dense", GENERATE, "CR-EQ-12", (("hidden_act",),)),
+    # dense, fp8 checkpoints: Qwen3 (tiny-untied) quantized by CR-EQ-18
+    Bug("quant_scale_transposed", "dense", ("CR-EQ-01", "CR-EQ-18"), "CR-EQ-18", (("fp8-block",), ("o_proj",))),
+    Bug("quant_channel_scale_as_tensor", "dense", ("CR-EQ-01", "CR-EQ-18"), "CR-EQ-18",
+        (("ct-channel",), ("o_proj",))),
+    Bug("quant_built_dense", "dense", ("CR-EQ-18",), "CR-EQ-18", (("no layer keeps fp8",),)),
     # MoE: Qwen3-MoE (tiny-moe)
     Bug("moe_norm_topk_ignored", "moe", GENERATE, "CR-EQ-12", (("norm_topk_prob",),)),
     Bug("moe_sparse_step_off_by_one", "moe", GENERATE, "CR-EQ-12", (("decoder_sparse_step",),)),
@@ -85,7 +90,8 @@ BUGS = [
 
 # control fixture -> the checks its family's bugs run (the real plugins pass them all)
 CONTROLS = {
-    "control_dense": GENERATE, "control_moe": GENERATE, "control_mla": GENERATE, "control_hybrid": GENERATE,
+    "control_dense": (*GENERATE, "CR-EQ-18"), "control_moe": GENERATE, "control_mla": GENERATE,
+    "control_hybrid": GENERATE,
     "control_pooling": (*EMBED, "CR-EQ-12"),
     "loop_pooling": EMBED,  # the base the chunked pooling bugs change one method of
 }

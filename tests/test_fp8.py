@@ -298,16 +298,22 @@ def test_prepare_passes_unquantized_tensors_and_refuses_mismatches():
 
 
 def test_family_without_the_capability_refuses_a_quantized_checkpoint(untied, tmp_path):
-    """Qwen3 declares no quantization:compressed-tensors: its checkpoint with such a
-    quantization_config is refused before loading (and before the format is parsed)."""
+    """A family that declares no quantization:compressed-tensors (the Qwen3 plugin's model
+    registered with fp8 only, tests/conformance_fixtures/quant_fp8_only.py): its checkpoint
+    with such a quantization_config is refused before loading (and before the format is parsed)."""
+    import importlib
+
     from core_runner.conformance.quantized import compressed_tensors_fp8_config
     from core_runner.oracle import UnsupportedError
+    from core_runner.plugins import PluginManager
 
+    pm = PluginManager()
+    pm.register_module("quant_fp8_only", importlib.import_module("conformance_fixtures.quant_fp8_only"))
     qc = compressed_tensors_fp8_config()
     bad = _variant(untied, tmp_path, edit_config=lambda c: c.update(quantization_config=qc))
     with pytest.raises(UnsupportedError, match=r"quant_method='compressed-tensors'.*Qwen3ForCausalLM declares "
                                                r"quantization:compressed-tensors unsupported"):
-        make_engine(bad)
+        make_engine(bad, plugins=pm)
 
 
 def test_deepseek_declares_fp8():
@@ -316,3 +322,13 @@ def test_deepseek_declares_fp8():
     reg = load_plugins().registry.get("DeepseekV3ForCausalLM")
     assert reg.capability("quantization:fp8").supported
     assert load_plugins().registry.get("Qwen3ForCausalLM").capability("quantization:fp8").supported
+
+
+def test_every_generate_family_declares_both_fp8_methods():
+    from core_runner.plugins import load_plugins
+
+    regs = [r for r in load_plugins().registry.registrations() if "generate" in r.tasks]
+    assert len({r.plugin for r in regs}) >= 8, sorted({r.plugin for r in regs})
+    for reg in regs:
+        for cap in ("quantization:fp8", "quantization:compressed-tensors"):
+            assert reg.capability(cap).supported, (reg.architecture, cap)

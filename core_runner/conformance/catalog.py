@@ -24,6 +24,7 @@ class Check:
     scope: str  # plugin | architecture | example | capability
     statement: str
     func: str  # "module:function" inside core_runner.conformance
+    # the capability it is about; "prefix:*" = every capability of that prefix (one case each)
     capability: str | None = None
     gpu: bool = False  # needs a CUDA device (tier gpu)
     task: str | None = "generate"  # the task a registration must serve (None: any)
@@ -145,6 +146,15 @@ CHECKS: tuple[Check, ...] = (
        "full groups hold the whole sequence; preempted mid-decode it continues the same; with prefix caching, "
        "a request extending its prompt hits past the window and equals the cache-off engine (tokens, logits "
        "within 1e-5)."),
+    _c("CR-EQ-18", "capability", "checks_quantized:quantized_checkpoint_matches_dequantized",
+       "Quantized checkpoints (every quantization method declared supported): the first unquantized example "
+       "written in each of the method's schemes (block fp8 with weight_block_size; compressed-tensors "
+       "float-quantized per tensor and per channel, through the compressed-tensors library) gives the logits "
+       "(1e-4, float32) and greedy tokens of the reference class loaded from the dequantized weights; every layer "
+       "that receives a quantized tensor holds float8_e4m3fn weights with float32 scales on the method's grid "
+       "unless it is dense by construction (noted), none built for fp8 fell back to dense and at least one is fp8; "
+       "a variant of the method it cannot load and a checkpoint of every method not declared are refused by name.",
+       capability="quantization:*"),
     _c("CR-TP-01", "capability", "checks_parallel:tensor_parallel_equals_one_rank",
        "Tensor parallelism equals one rank: at tensor_parallel_size=2 (CPU, gloo) every example, and a "
        "one-KV-head variant where the example has as many KV heads as ranks, gives the same greedy tokens and "

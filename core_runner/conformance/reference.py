@@ -4,6 +4,7 @@ checkpoint the engine loads, and its logits / hidden states / greedy continuatio
 one prompt at a time with an explicit all-ones attention mask (no cache to trust)."""
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -172,6 +173,13 @@ class Reference:
         if block is not None:
             self.model = write_fp8_checkpoint(path, reference_class(reg), block)
         return path
+
+    def with_checkpoint(self, model: torch.nn.Module, path: Path) -> "Reference":
+        """This example's reference for another checkpoint of it (a quantized copy, CR-EQ-18):
+        ``model`` computes the logits, ``path`` is what the engine loads; nothing is cached yet."""
+        other = copy.copy(self)
+        other.model, other._path, other._logits, other._greedy = model, Path(path), {}, {}
+        return other
 
     def remove(self) -> None:
         """Delete the checkpoint (derived examples are many; their directories need not stay)."""

@@ -163,8 +163,12 @@ class ConformanceSession:
                         yield Case(check, f"{reg.architecture}:{ex.name}", reg, ex, check.capability, skip=skip,
                                    xfail=reg.capability(check.capability).reason if state == "xfail" else None)
                 elif check.scope == "capability" and examples:
-                    caps = [c for c in CAPABILITIES if reg.capability(c).state != "supported"] \
-                        if check.capability is None else [check.capability]
+                    if check.capability is None:
+                        caps = [c for c in CAPABILITIES if reg.capability(c).state != "supported"]
+                    elif check.capability.endswith("*"):
+                        caps = [c for c in CAPABILITIES if c.startswith(check.capability[:-1])]
+                    else:
+                        caps = [check.capability]
                     for cap in caps:
                         state = reg.capability(cap)
                         if check.capability is not None and state.state == "unsupported":

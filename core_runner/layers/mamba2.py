@@ -46,6 +46,7 @@ from core_runner.distributed import (
 )
 from core_runner.forward_context import get_forward_context, use_triton_kernels
 from core_runner.kv_cache_spec import RowStateSpec
+from core_runner.layers.fp8_weight import _load_rows, is_fp8
 from core_runner.layers.linear import Linear, RowParallelLinear, copy_into
 
 # (rows of the part in the checkpoint tensor, first of them this rank keeps, rows kept)
@@ -156,7 +157,20 @@ class _PackedColumnLinear(Linear):
     def weight_loader(self, param: nn.Parameter, loaded, shard_id: object = None) -> None:
         if shard_id is not None:
             raise ValueError(f"{self.what} is not fused; got shard {shard_id!r}")
-        _load_parts(param.data, loaded, self.parts, self.what)
+        if param is not self.weight or not is_fp8(self):
+            return _load_parts(param.data, loaded, self.parts, self.what)
+        # fp8: each part keeps its own block scales, so each must start on a block of rows
+        # (_load_rows turns the layer dense, with a warning, where one does not)
+        total = sum(p[0] for p in self.parts)
+        if loaded.shape[0] != total or tuple(loaded.shape[1:]) != tuple(param.shape[1:]):
+            raise ValueError(f"{self.what}: checkpoint tensor has shape {tuple(loaded.shape)}, expected "
+                             f"{(total, *param.shape[1:])}")
+        src = out = 0
+        for i, (full, first, rows) in enumerate(self.parts):
+            _load_rows(self, param, out, rows, loaded.narrow(0, src + first, rows), f"{self.what} part {i}")
+            src, out = src + full, out + rows
+
+    weight_loader.fp8_aware = True
 
 
 class Mamba2Mixer(nn.Module):

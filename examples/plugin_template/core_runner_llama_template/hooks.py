@@ -27,6 +27,10 @@ def register_models(registry):
             "async_scheduling": "supported",
             "triton_attention": "supported",
             "kv_cache_dtype:fp8": "supported",
+            # fp8 checkpoints (block weight_block_size; compressed-tensors float-quantized): the
+            # core_runner.layers projections keep them resident (docs/quantization.md)
+            "quantization:fp8": "supported",
+            "quantization:compressed-tensors": "supported",
             "prefix_caching": "supported",
             # built from the column-/row-parallel layers (model.py), so it splits across ranks
             "tensor_parallel": "supported",

@@ -15,8 +15,10 @@ CAPABILITIES = {
     "prefix_caching": "supported",
     "triton_attention": "supported",
     "kv_cache_dtype:fp8": "supported",
-    # DeepSeek-V3's own block-fp8 checkpoints: weights dequantized at load
+    # DeepSeek-V3's own block-fp8 checkpoints: projections and experts resident fp8, kv_b_proj dense
     "quantization:fp8": "supported",
+    # compressed-tensors float-quantized (llm-compressor FP8 / FP8_DYNAMIC, per tensor or channel)
+    "quantization:compressed-tensors": "supported",
     # MLA heads, the dense / shared MLPs and the vocabulary split across ranks (the latent
     # cache replicated); the routed experts split or distributed by FusedMoE
     "tensor_parallel": "supported",

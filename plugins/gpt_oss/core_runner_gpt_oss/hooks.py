@@ -20,6 +20,10 @@ CAPABILITIES = {
     "prefix_caching": "supported",
     "triton_attention": "supported",
     "kv_cache_dtype:fp8": "supported",
+    # fp8 checkpoints (block weight_block_size; compressed-tensors float-quantized): the
+    # core_runner.layers projections keep them resident (docs/quantization.md)
+    "quantization:fp8": "supported",
+    "quantization:compressed-tensors": "supported",
     # heads (with their sinks), expert intermediates (with their biases), vocabulary
     "tensor_parallel": "supported",
     # whole experts (and their biases) per rank: FusedMoE's expert parallelism

@@ -22,6 +22,10 @@ CAPABILITIES = {
     "prefix_caching": "supported",
     "triton_attention": "supported",
     "kv_cache_dtype:fp8": "supported",
+    # fp8 checkpoints (block weight_block_size; compressed-tensors float-quantized): the
+    # core_runner.layers projections keep them resident (docs/quantization.md)
+    "quantization:fp8": "supported",
+    "quantization:compressed-tensors": "supported",
     # attention and Mamba heads, MLP and expert intermediates, vocabulary split across ranks
     "tensor_parallel": "supported",
     # whole experts per rank (FusedMoE)

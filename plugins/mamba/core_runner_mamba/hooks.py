@@ -17,6 +17,10 @@ CAPABILITIES = {
     # no attention layer: no attention backend is ever called (the suite checks the claim)
     "triton_attention": "not applicable: attention-free (no attention layer, no paged KV cache)",
     "kv_cache_dtype:fp8": "not applicable: attention-free (no KV cache to store in fp8)",
+    # fp8 checkpoints (block weight_block_size; compressed-tensors float-quantized): the
+    # core_runner.layers projections keep them resident (docs/quantization.md)
+    "quantization:fp8": "supported",
+    "quantization:compressed-tensors": "supported",
     # Mamba heads split across ranks, B / C groups split or replicated, vocabulary split
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # no MoE layers

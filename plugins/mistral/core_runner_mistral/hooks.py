@@ -13,6 +13,10 @@ CAPABILITIES = {
     "prefix_caching": "supported",
     "triton_attention": "supported",
     "kv_cache_dtype:fp8": "supported",
+    # fp8 checkpoints (block weight_block_size; compressed-tensors float-quantized): the
+    # core_runner.layers projections keep them resident (docs/quantization.md)
+    "quantization:fp8": "supported",
+    "quantization:compressed-tensors": "supported",
     "tensor_parallel": "supported",
     "expert_parallel": "unsupported",  # dense: no MoE layers
     "speculative_decoding": "supported",

@@ -18,6 +18,8 @@ CAPABILITIES = {
     "speculative_decoding": "supported",
     # Qwen3-*-FP8 (block [128, 128]): fp8 weights resident in the linear layers and experts
     "quantization:fp8": "supported",
+    # compressed-tensors float-quantized (llm-compressor FP8 / FP8_DYNAMIC, per tensor or channel)
+    "quantization:compressed-tensors": "supported",
 }
 MOE_CAPABILITIES = {**CAPABILITIES, "expert_parallel": "supported"}
 # what the layers implement: SiLU-gated MLPs only
