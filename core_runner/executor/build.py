@@ -14,6 +14,7 @@ import torch
 from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
 from core_runner.executor.draft import DraftSpec, build_draft
+from core_runner.kv_cache_dtype import report_kv_scales
 from core_runner.kv_cache_spec import RowStateSpec
 from core_runner.loader import build_model
 from core_runner.oracle import ExecutionPlan, check_model_fits
@@ -54,6 +55,7 @@ def build_runner(spec: RankSpec) -> ModelRunner:
     model_cls = spec.registration.load_model_class()
     model = build_model(model_cls, spec.hf_config, spec.dtype, config.device, spec.model_path,
                         load_format=config.load_format, seed=config.seed)
+    report_kv_scales(model, config.kv_cache_dtype)
     state_cls = spec.registration.load_model_state_class()
     model_state = state_cls(config, model, torch.device(config.device))
     backend = get_backend(spec.plan.attention_backend)

@@ -1,0 +1,128 @@
+"""Checkpoint fp8 KV cache scales (docs/fp8_kv_cache.md): the names the loader reads, what it
+refuses, and that the scales reach the cache (a scale of 2.0 stores half the value and reads it
+back doubled: the same logits as 1.0; a large scale pushes entries into fp8's subnormals: worse)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoint_surgery import edit_tensors
+from helpers import make_engine, random_prompts
+
+from core_runner.conformance.harness import Recorder, greedy, run
+from core_runner.loader import CheckpointError
+
+LAYERS = 2  # the tiny Qwen3 of tests/helpers.py
+
+
+def _with_scales(src, dst, scales: dict[str, float]):
+    def edit(t):
+        for name, value in scales.items():
+            t[name] = torch.tensor(value, dtype=torch.float32)
+    return edit_tensors(src.path, dst, edit)
+
+
+def _every_layer(suffix: str, value: float) -> dict[str, float]:
+    return {f"model.layers.{i}.self_attn.{suffix}": value for i in range(LAYERS)}
+
+
+def _logits_and_caches(path, prompts, **opts):
+    class P:  # make_engine takes a Checkpoint-like object
+        pass
+    ckpt = P()
+    ckpt.path = path
+    e = make_engine(ckpt, **opts)
+    rec = Recorder(e)
+    out = run(e, [(f"r{i}", p, greedy(3)) for i, p in enumerate(prompts)])
+    logits = torch.stack([lg for i in range(len(prompts)) for lg in rec.sampling_logits(f"r{i}", len(prompts[i]))])
+    return logits.float(), e.debug.paged_caches(), [list(out[f"r{i}"].token_ids) for i in range(len(prompts))], e
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts([9, 6], seed=11)
+
+
+def test_scale_two_halves_the_entries_and_keeps_the_logits(untied, tmp_path, prompts):
+    assert f"model.layers.{LAYERS}.self_attn.q_proj.weight" not in _names(untied.path)
+    assert f"model.layers.{LAYERS - 1}.self_attn.q_proj.weight" in _names(untied.path)
+    two = _with_scales(untied, tmp_path / "two", {**_every_layer("k_scale", 2.0), **_every_layer("v_scale", 2.0)})
+    one = _with_scales(untied, tmp_path / "one", _every_layer("kv_scale", 1.0))
+    big = _with_scales(untied, tmp_path / "big", _every_layer("kv_scale", 256.0))
+    got = {n: _logits_and_caches(p, prompts, kv_cache_dtype="fp8", enable_prefix_caching=False)
+           for n, p in (("one", one), ("two", two), ("big", big))}
+    e = got["two"][3]
+    layers = [m for m in e.runner.model.modules() if hasattr(m, "kv_scale_loaded")]
+    assert len(layers) == LAYERS and all(m.kv_scale.tolist() == [2.0, 2.0] for m in layers)
+    for i, name in enumerate(sorted(got["one"][1])):
+        a, b = got["one"][1][name].float(), got["two"][1][name].float()
+        # fp8 rounding is scale-free for a power of two: entry(x / 2) * 2 == entry(x) away from
+        # the subnormals (below 2**-6) that dividing by 2 reaches first
+        normal = a.abs() >= 2 ** -5
+        same = (b[normal] * 2 == a[normal]).float().mean().item()
+        assert normal.sum() > 0.5 * (a != 0).sum() and not torch.equal(a, b)
+        # layer 0's K/V come from the embeddings alone: exact; later layers see the subnormals' changes
+        assert same == 1.0 if i == 0 else same > 0.9
+    a, b, c = got["one"][0], got["two"][0], got["big"][0]
+    spread = (a.amax(-1) - a.amin(-1))
+    err_two = ((a - b).abs().amax(-1) / spread).max().item()
+    err_big = ((a - c).abs().amax(-1) / spread).max().item()
+    assert err_two < 0.01 < err_big, (err_two, err_big)  # 256 leaves most entries subnormal or zero
+
+
+def test_k_and_v_scales_are_separate_and_per_layer(untied, tmp_path, prompts):
+    path = _with_scales(untied, tmp_path / "kv", {"model.layers.0.self_attn.k_proj.output_scale": 4.0,
+                                                  "model.layers.0.self_attn.v_proj.output_scale": 0.5,
+                                                  "model.layers.1.self_attn.k_scale": 8.0})
+    ref = _logits_and_caches(untied.path, prompts, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    got = _logits_and_caches(path, prompts, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    scales = [m.kv_scale.tolist() for m in got[3].runner.model.modules() if hasattr(m, "kv_scale_loaded")]
+    assert scales == [[4.0, 0.5], [8.0, 1.0]]
+    names = sorted(got[1])
+    for i, (layer, (ks, vs)) in enumerate(zip(names, scales)):
+        a, b = ref[1][layer].float(), got[1][layer].float()
+        for part, s in ((0, ks), (1, vs)):
+            # entries that stay normal fp8 numbers after the division (power-of-two scales: exact)
+            normal = a[part].abs() >= 2 ** -5 * max(s, 1.0)
+            same = (b[part][normal] * s == a[part][normal]).float().mean().item()
+            assert normal.sum() > 0.5 * (a[part] != 0).sum()
+            assert same == 1.0 if i == 0 else same > 0.9  # layer 1 sees layer 0's fp8 changes
+
+
+def test_auto_cache_ignores_the_scales_with_a_log_line(untied, tmp_path, prompts, caplog):
+    path = _with_scales(untied, tmp_path / "s", _every_layer("kv_scale", 256.0))
+    with caplog.at_level(logging.INFO, logger="core_runner.kv_cache_dtype"):
+        got = _logits_and_caches(path, prompts)
+    assert "KV cache scales of 2 layer(s) are ignored: kv_cache_dtype='auto'" in caplog.text
+    want = _logits_and_caches(untied.path, prompts)
+    assert torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("scales,match", [
+    ({"model.layers.0.self_attn.k_scale": torch.ones(2)}, r"k_scale'.*one positive finite number.*shape \(2,\)"),
+    ({"model.layers.0.self_attn.v_scale": torch.tensor(0.0)}, r"v_scale'.*one positive finite number.*value 0.0"),
+    ({"model.layers.0.self_attn.kv_scale": torch.tensor(2.0), "model.layers.0.self_attn.k_scale": torch.tensor(2.0)},
+     r"both set the k cache scale of 'model.layers.0.self_attn.attn'"),
+    ({"model.layers.0.mlp.k_scale": torch.tensor(2.0)}, r"mlp.k_scale'.*scale for 'model.layers.0.mlp'.*no attention"),
+    ({"model.layers.0.self_attn.qkv_proj.k_scale": torch.tensor(2.0)}, r"no attention layer"),
+])
+def test_bad_scales_are_refused_naming_the_tensor(untied, tmp_path, scales, match):
+    def edit(t):
+        t.update(scales)
+    path = edit_tensors(untied.path, tmp_path / "bad", edit)
+
+    class P:
+        pass
+    ckpt = P()
+    ckpt.path = path
+    with pytest.raises(CheckpointError, match=match):
+        make_engine(ckpt, kv_cache_dtype="fp8")
+
+
+def _names(path):
+    from safetensors import safe_open
+
+    with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
+        return set(f.keys())
