@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from checkpoint_surgery import edit_tensors
-from helpers import make_engine, random_prompts
+from helpers import Checkpoint, make_engine, random_prompts
 
 from core_runner.conformance.harness import Recorder, greedy, run
 from core_runner.loader import CheckpointError
@@ -29,11 +29,7 @@ def _every_layer(suffix: str, value: float) -> dict[str, float]:
 
 
 def _logits_and_caches(path, prompts, **opts):
-    class P:  # make_engine takes a Checkpoint-like object
-        pass
-    ckpt = P()
-    ckpt.path = path
-    e = make_engine(ckpt, **opts)
+    e = make_engine(Checkpoint("scaled", str(path), None), **opts)
     rec = Recorder(e)
     out = run(e, [(f"r{i}", p, greedy(3)) for i, p in enumerate(prompts)])
     logits = torch.stack([lg for i in range(len(prompts)) for lg in rec.sampling_logits(f"r{i}", len(prompts[i]))])
@@ -113,10 +109,7 @@ def test_bad_scales_are_refused_naming_the_tensor(untied, tmp_path, scales, matc
         t.update(scales)
     path = edit_tensors(untied.path, tmp_path / "bad", edit)
 
-    class P:
-        pass
-    ckpt = P()
-    ckpt.path = path
+    ckpt = Checkpoint("scaled", str(path), None)
     with pytest.raises(CheckpointError, match=match):
         make_engine(ckpt, kv_cache_dtype="fp8")
 
@@ -126,3 +119,31 @@ def _names(path):
 
     with safe_open(str(Path(path) / "model.safetensors"), framework="pt") as f:
         return set(f.keys())
+
+
+def test_scaled_fp8_cache_with_prefix_hits_and_ngram_speculation(untied, tmp_path):
+    """Prefix caching on = off (hits read the first request's scaled fp8 blocks) and n-gram
+    speculation = plain decoding, over an fp8 cache with non-unit, non-power-of-two scales."""
+    path = _with_scales(untied, tmp_path / "s", {"model.layers.0.self_attn.k_scale": 1.5,
+                                                 "model.layers.0.self_attn.v_scale": 0.3,
+                                                 "model.layers.1.self_attn.kv_scale": 3.0})
+
+    ckpt = Checkpoint("scaled", str(path), None)
+    prompt = (random_prompts([6], seed=5)[0] * 3)[:16]  # repeats: the n-gram proposer finds matches
+    plain = make_engine(ckpt, kv_cache_dtype="fp8", enable_prefix_caching=False)
+    rec = Recorder(plain)
+    want = list(run(plain, [("a", prompt, greedy(6))])["a"].token_ids)
+    want_logits = torch.stack(rec.sampling_logits("a", len(prompt))).float()
+    cached = make_engine(ckpt, kv_cache_dtype="fp8")
+    first = list(run(cached, [("a", prompt, greedy(6))])["a"].token_ids)
+    rec = Recorder(cached)
+    again = list(run(cached, [("b", prompt, greedy(6))])["b"].token_ids)
+    hit_logits = torch.stack(rec.sampling_logits("b", len(prompt))).float()
+    assert cached.scheduler.prefix_cache_hits > 0 and first == again == want
+    spread = want_logits.amax(-1) - want_logits.amin(-1)
+    assert ((hit_logits - want_logits).abs().amax(-1) / spread).max() < 1e-3  # the same fp8 entries, re-read
+    spec = make_engine(ckpt, kv_cache_dtype="fp8", enable_prefix_caching=False,
+                       speculative_config={"method": "ngram", "num_speculative_tokens": 2,
+                                           "prompt_lookup_min": 1, "prompt_lookup_max": 3})
+    assert list(run(spec, [("c", prompt, greedy(6))])["c"].token_ids) == want
+    assert spec.scheduler.spec_num_accepted_tokens > 0  # the proposals were used, not all rejected
