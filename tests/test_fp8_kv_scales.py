@@ -147,3 +147,22 @@ def test_scaled_fp8_cache_with_prefix_hits_and_ngram_speculation(untied, tmp_pat
                                            "prompt_lookup_min": 1, "prompt_lookup_max": 3})
     assert list(run(spec, [("c", prompt, greedy(6))])["c"].token_ids) == want
     assert spec.scheduler.spec_num_accepted_tokens > 0  # the proposals were used, not all rejected
+
+
+def test_backend_without_kv_scales_is_refused_for_an_fp8_cache(untied):
+    from core_runner.attention.registry import register_backend, unregister_backend
+    from core_runner.attention.torch_backend import TorchPagedAttention
+    from core_runner.oracle import UnsupportedError
+
+    class NoScales(TorchPagedAttention):
+        name = "no_scales"
+        supports_kv_scales = False
+
+    register_backend("no_scales", NoScales)
+    try:
+        with pytest.raises(UnsupportedError, match=r"kv_cache_dtype='fp8' needs an attention backend with "
+                                                   r"supports_kv_scales=True.*'no_scales'.*'torch' or 'triton'"):
+            make_engine(untied, kv_cache_dtype="fp8", attention_backend="no_scales")
+        assert make_engine(untied, attention_backend="no_scales").num_blocks > 0  # a model-dtype cache is fine
+    finally:
+        unregister_backend("no_scales")

@@ -68,6 +68,8 @@ class AttentionBackend(ABC):
     - ``needs_triton``: it launches Triton kernels (on the CPU only under TRITON_INTERPRET=1),
     - ``capability``: a model capability (``Registration.capability``) that a family must
       declare supported for this backend, or None,
+    - ``supports_kv_scales``: its cache writes and reads take ``kv_scale`` (below); an fp8
+      ``kv_cache_dtype`` needs it (refused at construction otherwise),
     - ``attention_features``: the layer options it implements (names from
       ``core_runner.attention.options.ATTENTION_FEATURES``); a layer using another one is
       refused at construction, naming the layer, the option and the backend.
@@ -83,6 +85,7 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: bool = False
     needs_triton: bool = False
     capability: str | None = None
+    supports_kv_scales: bool = False
     attention_features: frozenset[str] = frozenset()
 
     @abstractmethod

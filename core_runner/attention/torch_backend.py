@@ -105,6 +105,7 @@ class TorchPagedAttention(AttentionBackend):
 
     name = "torch"
     supports_mla = True
+    supports_kv_scales = True
     attention_features = frozenset(ATTENTION_FEATURES)
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata,

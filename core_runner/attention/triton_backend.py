@@ -18,6 +18,7 @@ from core_runner.kernels.paged_attention_triton import paged_attention_triton
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
     supports_mla = True
+    supports_kv_scales = True
     supports_cuda_graphs = True
     needs_triton = True
     capability = "triton_attention"

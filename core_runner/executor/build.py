@@ -14,7 +14,7 @@ import torch
 from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
 from core_runner.executor.draft import DraftSpec, build_draft
-from core_runner.kv_cache_dtype import report_kv_scales
+from core_runner.kv_cache_dtype import check_backend_takes_scales, report_kv_scales
 from core_runner.kv_cache_spec import RowStateSpec
 from core_runner.loader import build_model
 from core_runner.oracle import ExecutionPlan, check_model_fits
@@ -60,6 +60,7 @@ def build_runner(spec: RankSpec) -> ModelRunner:
     model_state = state_cls(config, model, torch.device(config.device))
     backend = get_backend(spec.plan.attention_backend)
     check_model_fits(backend, model, spec.architecture)  # e.g. MLA layers need supports_mla
+    check_backend_takes_scales(backend, config.kv_cache_dtype)
     drafter = None
     if spec.draft is not None:
         drafter = build_draft(spec.draft, model, spec.hf_config, spec.dtype, config.device, config.load_format,
