@@ -75,19 +75,3 @@ def report_kv_scales(model: nn.Module, name: str) -> int:
         logger.info("fp8 KV cache: the checkpoint has no k / v scales; every layer uses 1.0")
     return len(loaded)
 
-
-def check_backend_takes_scales(backend: object, name: str) -> None:
-    """Refuse an fp8 ``kv_cache_dtype`` with an attention backend that does not declare
-    ``supports_kv_scales`` (the layers pass it ``kv_scale`` with every fp8 cache), at
-    construction rather than as a TypeError in the first step."""
-    if torch_dtype(name) is None or getattr(backend, "supports_kv_scales", False):
-        return
-    from core_runner.attention.registry import backends_with
-    from core_runner.oracle import UnsupportedError
-
-    fits = backends_with("supports_kv_scales")
-    raise UnsupportedError(
-        f"kv_cache_dtype={name!r} needs an attention backend with supports_kv_scales=True (its write_kv / forward "
-        f"take the layers' kv_scale), but attention backend {getattr(backend, 'name', type(backend).__name__)!r} "
-        f"does not declare it; use attention_backend={' or '.join(map(repr, fits)) or 'one that does'} or "
-        "kv_cache_dtype='auto'")

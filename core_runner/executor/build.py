@@ -14,10 +14,10 @@ import torch
 from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
 from core_runner.executor.draft import DraftSpec, build_draft
-from core_runner.kv_cache_dtype import check_backend_takes_scales, report_kv_scales
+from core_runner.kv_cache_dtype import report_kv_scales
 from core_runner.kv_cache_spec import RowStateSpec
 from core_runner.loader import build_model
-from core_runner.oracle import ExecutionPlan, check_model_fits
+from core_runner.oracle import ExecutionPlan, check_backend_takes_scales, check_model_fits
 from core_runner.registry import Registration
 from core_runner.runner.cuda_graphs import capture_sizes
 from core_runner.runner.model_runner import ModelRunner
