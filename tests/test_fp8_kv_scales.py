@@ -166,3 +166,19 @@ def test_backend_without_kv_scales_is_refused_for_an_fp8_cache(untied):
         assert make_engine(untied, attention_backend="no_scales").num_blocks > 0  # a model-dtype cache is fine
     finally:
         unregister_backend("no_scales")
+
+
+def test_compressed_tensors_kv_cache_scheme_static_fp8_accepted_others_refused():
+    from core_runner.conformance.quantized import compressed_tensors_fp8_config
+    from core_runner.quantization import quantization_from_config
+
+    def cfg(**kv):
+        qc = compressed_tensors_fp8_config()
+        qc["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False,
+                                 "symmetric": True, **kv}
+        return type("C", (), {"quantization_config": qc})()
+
+    assert quantization_from_config(cfg()) is not None  # its scales: k_proj / v_proj output_scale
+    for bad in (dict(dynamic=True), dict(type="int"), dict(strategy="channel")):
+        with pytest.raises(ValueError, match=r"kv_cache_scheme=.*static per-tensor fp8 KV cache scales"):
+            quantization_from_config(cfg(**bad))
