@@ -3,17 +3,22 @@
 vLLM's names: "auto" is the model's dtype; "fp8" is "fp8_e4m3" (torch.float8_e4m3fn, the
 format checkpoints' k_scale / v_scale are computed for), "fp8_e5m2" torch.float8_e5m2.
 An fp8 entry is ``value / scale`` saturated to the format's finite range; a read is
-``entry * scale`` in float32. The scales are per layer and 1.0 here (vLLM's default when a
-checkpoint has none; reading a checkpoint's k_scale / v_scale is not implemented yet and
-such a checkpoint is refused by the loader as an unknown tensor). The runner applies the
-dtype to every paged spec a ModelState returns (``apply_kv_cache_dtype``), so the layers
-and plugins do not change; the kernels read the cache dtype from the tensor.
+``entry * scale`` in float32. The scales are per layer (the layer's ``kv_scale`` buffer, k
+then v): 1.0, vLLM's default, unless the checkpoint carries them (``loader/kv_scales.py``).
+They apply to either fp8 format; a model-dtype cache ignores them (``report_kv_scales`` logs
+it). The runner applies the dtype to every paged spec a ModelState returns
+(``apply_kv_cache_dtype``), so the layers and plugins do not change; the kernels read the
+cache dtype from the tensor.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
 
 #: kv_cache_dtype -> the torch dtype (None: the model's)
 KV_CACHE_TORCH_DTYPES: dict[str, torch.dtype | None] = {
@@ -38,8 +43,9 @@ def saturation(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).max) if is_fp8(dtype) else 0.0
 
 
-def quantize_ref(x: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
-    """``x`` as the cache stores it: cast, or for fp8 ``x / scale`` saturated then cast."""
+def quantize_ref(x: torch.Tensor, dtype: torch.dtype, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """``x`` as the cache stores it: cast, or for fp8 ``x / scale`` saturated then cast
+    (``scale`` a number or a 0-d tensor on x's device: no host read)."""
     if not is_fp8(dtype):
         return x.to(dtype)
     sat = saturation(dtype)
@@ -54,3 +60,18 @@ def apply_kv_cache_dtype(specs: list, name: str) -> list:
     if dtype is None:
         return specs
     return [dataclasses.replace(s, dtype=dtype) if isinstance(s, PagedCacheSpec) else s for s in specs]
+
+
+def report_kv_scales(model: nn.Module, name: str) -> int:
+    """Log what becomes of the checkpoint's KV cache scales under ``kv_cache_dtype=name``;
+    returns how many layers carry them. A model-dtype cache ignores them (vLLM does too)."""
+    loaded = [m for m in model.modules() if getattr(m, "kv_scale_loaded", ())]
+    if loaded and torch_dtype(name) is None:
+        logger.info("the checkpoint's KV cache scales of %d layer(s) are ignored: kv_cache_dtype=%r keeps K/V in "
+                    "the model's dtype (pass kv_cache_dtype='fp8' to use them)", len(loaded), name)
+    elif loaded:
+        logger.info("fp8 KV cache: k / v scales from the checkpoint for %d layer(s)", len(loaded))
+    elif torch_dtype(name) is not None:
+        logger.info("fp8 KV cache: the checkpoint has no k / v scales; every layer uses 1.0")
+    return len(loaded)
+

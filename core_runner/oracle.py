@@ -241,6 +241,20 @@ def _attention_backend(config: EngineConfig, reg: Registration, kernels: str, on
     return name
 
 
+def check_backend_takes_scales(backend: object, name: str) -> None:
+    """Refuse an fp8 ``kv_cache_dtype`` with an attention backend that does not declare
+    ``supports_kv_scales`` (the layers pass it ``kv_scale`` with every fp8 cache), at
+    construction rather than as a TypeError in the first step."""
+    if name == "auto" or getattr(backend, "supports_kv_scales", False):
+        return
+    fits = backends_with("supports_kv_scales")
+    raise UnsupportedError(
+        f"kv_cache_dtype={name!r} needs an attention backend with supports_kv_scales=True (its write_kv / forward "
+        f"take the layers' kv_scale), but attention backend {getattr(backend, 'name', type(backend).__name__)!r} "
+        f"does not declare it; use attention_backend={' or '.join(map(repr, fits)) or 'one that does'} or "
+        "kv_cache_dtype='auto'")
+
+
 def check_model_fits(backend: Any, model: Any, architecture: str) -> None:
     """Refuse an attention backend that lacks a capability some layer of ``model`` (an
     nn.Module) needs: the layer class declares ``needs_attention_capability`` (MLAAttention:

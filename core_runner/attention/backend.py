@@ -68,9 +68,16 @@ class AttentionBackend(ABC):
     - ``needs_triton``: it launches Triton kernels (on the CPU only under TRITON_INTERPRET=1),
     - ``capability``: a model capability (``Registration.capability``) that a family must
       declare supported for this backend, or None,
+    - ``supports_kv_scales``: its cache writes and reads take ``kv_scale`` (below); an fp8
+      ``kv_cache_dtype`` needs it (refused at construction otherwise),
     - ``attention_features``: the layer options it implements (names from
       ``core_runner.attention.options.ATTENTION_FEATURES``); a layer using another one is
       refused at construction, naming the layer, the option and the backend.
+
+    fp8 KV caches (docs/fp8_kv_cache.md): with an fp8 cache the layers pass ``kv_scale``
+    (float32 [2] on the device: k then v; MLA uses [0] for the latent) to ``write_kv`` /
+    ``forward`` / ``write_mla`` / ``forward_mla``; an entry is ``value / scale`` saturated to
+    the format's range and reads as ``entry * scale``. It is never passed for other caches.
     """
 
     name: str = "abstract"
@@ -78,16 +85,20 @@ class AttentionBackend(ABC):
     supports_cuda_graphs: bool = False
     needs_triton: bool = False
     capability: str | None = None
+    supports_kv_scales: bool = False
     attention_features: frozenset[str] = frozenset()
 
     @abstractmethod
-    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
-        """Store ``k``/``v`` ([num_tokens, kv_heads, head_size]) at ``md.slot_mapping``."""
+    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata,
+                 kv_scale: torch.Tensor | None = None) -> None:
+        """Store ``k``/``v`` ([num_tokens, kv_heads, head_size]) at ``md.slot_mapping``
+        (divided by ``kv_scale``'s k / v entry when given)."""
 
     @abstractmethod
     def forward(
         self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float,
         options: AttentionOptions | None = None, sinks: torch.Tensor | None = None,
+        kv_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Attention of ``q`` ([num_tokens, heads, head_size]) over the cached context.
         ``options`` (only passed when a layer sets one) and ``sinks`` ([heads], when
@@ -95,16 +106,16 @@ class AttentionBackend(ABC):
 
     # ---- MLA: one latent vector per token (see core_runner.attention.mla) ----------
     def write_mla(self, latent_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
-                  md: AttnMetadata) -> None:
+                  md: AttnMetadata, kv_scale: torch.Tensor | None = None) -> None:
         """Store each token's latent ``kv_c`` [T, L] and roped key ``k_pe`` [T, R] in
         ``latent_cache`` [1, num_blocks, block_size, 1, L + R] at ``md.slot_mapping``
         (through ``write_kv``, which must take a one-part, one-head cache)."""
         from core_runner.attention.mla import write_latent
 
-        write_latent(self, latent_cache, kv_c, k_pe, md)
+        write_latent(self, latent_cache, kv_c, k_pe, md, kv_scale)
 
     def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
-                    md: AttnMetadata, scale: float) -> torch.Tensor:
+                    md: AttnMetadata, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         """MLA with kv_b_proj absorbed: ``q_c`` [T, H, L] (W_UK^T q_nope), ``q_pe`` [T, H, R];
         returns softmax(q_c.c + q_pe.k_pe) @ c as [T, H, L]. A backend that implements it
         declares ``supports_mla = True``; the engine never routes MLA to one that does not."""

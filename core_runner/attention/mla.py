@@ -25,8 +25,10 @@ def mla_attention_ref(
     block_tables: torch.Tensor,
     scale: float,
     causal: bool = True,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q_c: [T, H, L], q_pe: [T, H, R] -> [T, H, L] (float32 math, one request at a time)."""
+    """q_c: [T, H, L], q_pe: [T, H, R] -> [T, H, L] (float32 math, one request at a time);
+    cache entries read as ``entry * kv_scale[0]`` when ``kv_scale`` is given."""
     lora = q_c.shape[-1]
     out = torch.zeros_like(q_c)
     qsl = query_start_loc_cpu.tolist()
@@ -36,6 +38,8 @@ def mla_attention_ref(
         if e == s or seq_len == 0:
             continue
         ctx = gather_context(latent_cache[0], block_tables[i], seq_len)[:, 0].float()  # [S, L + R]
+        if kv_scale is not None:
+            ctx = ctx * kv_scale[0]
         c, pe = ctx[:, :lora], ctx[:, lora:]
         scores = (torch.einsum("qhl,kl->hqk", q_c[s:e].float(), c)
                   + torch.einsum("qhr,kr->hqk", q_pe[s:e].float(), pe)) * scale
@@ -48,8 +52,11 @@ def mla_attention_ref(
 
 
 def write_latent(backend: object, latent_cache: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor,
-                 md: AttnMetadata) -> None:
+                 md: AttnMetadata, kv_scale: torch.Tensor | None = None) -> None:
     """Store [kv_c | k_pe] ([T, L] and [T, R]) of each token at ``md.slot_mapping``
-    through the backend's own (one-part) cache write."""
+    through the backend's own (one-part) cache write (a one-part write uses kv_scale[0])."""
     entry = torch.cat([kv_c, k_pe], dim=-1).unsqueeze(1)
-    backend.write_kv(latent_cache, entry, None, md)
+    if kv_scale is None:
+        backend.write_kv(latent_cache, entry, None, md)
+    else:
+        backend.write_kv(latent_cache, entry, None, md, kv_scale=kv_scale)

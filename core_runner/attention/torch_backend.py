@@ -17,15 +17,18 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if is_fp8(t.dtype) else t
 
 
-def write_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+def write_kv_ref(kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+                 kv_scale: torch.Tensor | None = None) -> None:
     """kv_cache: [2, num_blocks, block_size, kv_heads, head_size]; slots < 0 are skipped.
-    An fp8 cache stores the values saturated to its range (``kv_cache_dtype.quantize_ref``)."""
+    An fp8 cache stores the values saturated to its range (``kv_cache_dtype.quantize_ref``),
+    divided by ``kv_scale`` [2] (k, v; a one-part cache uses [0]) when given."""
     flat = _raw(kv_cache).view(kv_cache.shape[0], -1, kv_cache.shape[3], kv_cache.shape[4])
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
-    flat[0].index_copy_(0, slots, _raw(quantize_ref(k[keep], kv_cache.dtype)))
+    ks, vs = (1.0, 1.0) if kv_scale is None else (kv_scale[0], kv_scale[1])
+    flat[0].index_copy_(0, slots, _raw(quantize_ref(k[keep], kv_cache.dtype, ks)))
     if kv_cache.shape[0] > 1:
-        flat[1].index_copy_(0, slots, _raw(quantize_ref(v[keep], kv_cache.dtype)))
+        flat[1].index_copy_(0, slots, _raw(quantize_ref(v[keep], kv_cache.dtype, vs)))
 
 
 def gather_context(part: torch.Tensor, block_table: torch.Tensor, seq_len: int, start: int = 0) -> torch.Tensor:
@@ -48,8 +51,10 @@ def paged_attention_ref(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q: [num_tokens, heads, D] -> [num_tokens, heads, D] (float32 math). A query at
+    """q: [num_tokens, heads, D] -> [num_tokens, heads, D] (float32 math); cache entries read
+    as ``entry * kv_scale`` (k, v) when ``kv_scale`` [2] is given. A query at
     position p sees keys p - sliding_window < k <= p; scores are soft-capped after the
     scale; ``sinks`` [heads] are logits with a zero value in every row's softmax. Blocks
     wholly before every query's window are never read (the block manager may have freed
@@ -71,6 +76,8 @@ def paged_attention_ref(
         lo = 0 if sliding_window is None else max(0, int(qpos[0]) - sliding_window + 1) // bs * bs
         k = gather_context(kv_cache[0], block_tables[i], seq_len, lo).float()
         v = gather_context(kv_cache[-1], block_tables[i], seq_len, lo).float()
+        if kv_scale is not None:
+            k, v = k * kv_scale[0], v * kv_scale[-1]
         k = k.repeat_interleave(group, dim=1)
         v = v.repeat_interleave(group, dim=1)
         qi = q[s:e].float()
@@ -98,24 +105,27 @@ class TorchPagedAttention(AttentionBackend):
 
     name = "torch"
     supports_mla = True
+    supports_kv_scales = True
     attention_features = frozenset(ATTENTION_FEATURES)
 
-    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
-        write_kv_ref(kv_cache, k, v, md.slot_mapping)
+    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata,
+                 kv_scale: torch.Tensor | None = None) -> None:
+        write_kv_ref(kv_cache, k, v, md.slot_mapping, kv_scale)
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float,
-                options: AttentionOptions | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                options: AttentionOptions | None = None, sinks: torch.Tensor | None = None,
+                kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         o = options or AttentionOptions()
         return paged_attention_ref(
             q, kv_cache, md.query_start_loc_cpu, md.seq_lens_cpu, md.block_tables, scale, md.causal,
-            o.sliding_window, o.logits_soft_cap, sinks if o.sinks else None,
+            o.sliding_window, o.logits_soft_cap, sinks if o.sinks else None, kv_scale,
         )
 
     def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
-                    md: AttnMetadata, scale: float) -> torch.Tensor:
+                    md: AttnMetadata, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         from core_runner.attention.mla import mla_attention_ref
 
         if not md.causal:
             raise NotImplementedError("MLA attention is implemented for causal attention only")
         return mla_attention_ref(q_c, q_pe, latent_cache, md.query_start_loc_cpu, md.seq_lens_cpu,
-                                 md.block_tables, scale)
+                                 md.block_tables, scale, kv_scale=kv_scale)

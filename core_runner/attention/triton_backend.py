@@ -18,16 +18,19 @@ from core_runner.kernels.paged_attention_triton import paged_attention_triton
 class TritonPagedAttention(AttentionBackend):
     name = "triton"
     supports_mla = True
+    supports_kv_scales = True
     supports_cuda_graphs = True
     needs_triton = True
     capability = "triton_attention"
     attention_features = frozenset(ATTENTION_FEATURES)
 
-    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata) -> None:
-        write_kv_triton(kv_cache, k, v, md.slot_mapping)
+    def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata,
+                 kv_scale: torch.Tensor | None = None) -> None:
+        write_kv_triton(kv_cache, k, v, md.slot_mapping, kv_scale)
 
     def forward(self, q: torch.Tensor, kv_cache: torch.Tensor, md: AttnMetadata, scale: float,
-                options: AttentionOptions | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                options: AttentionOptions | None = None, sinks: torch.Tensor | None = None,
+                kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         o = options or AttentionOptions()
         return paged_attention_triton(
             q,
@@ -42,11 +45,13 @@ class TritonPagedAttention(AttentionBackend):
             sliding_window=o.sliding_window,
             logits_soft_cap=o.logits_soft_cap,
             sinks=sinks if o.sinks else None,
+            kv_scale=kv_scale,
         )
 
     def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,
-                    md: AttnMetadata, scale: float) -> torch.Tensor:
+                    md: AttnMetadata, scale: float, kv_scale: torch.Tensor | None = None) -> torch.Tensor:
         if not md.causal:
             raise NotImplementedError("MLA attention is implemented for causal attention only")
         return mla_attention_triton(q_c, q_pe, latent_cache, md.query_start_loc, md.seq_lens, md.block_tables,
-                                    scale, max_query_len=md.max_query_len, max_seq_len=md.max_seq_len)
+                                    scale, max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
+                                    kv_scale=kv_scale)

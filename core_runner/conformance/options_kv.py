@@ -1,6 +1,8 @@
 """The ``kv_cache_dtype`` probe of CR-BOUND-04: an fp8 KV cache is fp8, holds more tokens for
 the same bytes and stays close to the model-dtype cache (tolerance in docs/fp8_kv_cache.md);
-a family that does not declare ``kv_cache_dtype:fp8`` is refused by name."""
+a family that does not declare ``kv_cache_dtype:fp8`` is refused by name. Where the family
+has prefix caching, a repeated prompt over the fp8 cache must hit and give the first request's
+greedy tokens (the hit reads the same fp8 blocks)."""
 from __future__ import annotations
 
 import torch
@@ -62,6 +64,25 @@ def compare_fp8_cache(ctx: Ctx, prompts: list[list[int]], n: int, **opts) -> tup
     return worst, agree, total
 
 
+def fp8_prefix_hit(ctx: Ctx, prompt: list[int], n: int) -> int | None:
+    """Cached tokens of a repeat of ``prompt`` over an fp8 cache with prefix caching, after
+    checking it gives the first run's greedy tokens; None where the plan has no prefix caching."""
+    # a model with row state resumes a hit at a state snapshot: one every block here
+    snaps = {"mamba_block_size": 4, "mamba_cache_slots": 16} if ctx.row_state else {}
+    e = ctx.engine(kv_cache_dtype="fp8", enable_prefix_caching=True, block_size=4, **snaps)
+    if not e.plan.prefix_caching:
+        return None
+    first = run(e, [("p0", prompt, greedy(n))])["p0"]
+    again = run(e, [("p1", prompt, greedy(n))])["p1"]
+    if not again.num_cached_tokens or e.scheduler.prefix_cache_hits == 0:
+        fail(f"kv_cache_dtype='fp8' with prefix caching: a repeated {len(prompt)}-token prompt found no cached "
+             "blocks")
+    if list(again.token_ids) != list(first.token_ids):
+        fail(f"kv_cache_dtype='fp8' with prefix caching: the hit ({again.num_cached_tokens} cached tokens) gives "
+             f"{list(again.token_ids)}, the first request {list(first.token_ids)}")
+    return again.num_cached_tokens
+
+
 @probe("kv_cache_dtype")
 def _kv_cache_dtype(ctx: Ctx) -> str:
     text = _rejects(ctx, "kv_cache_dtype='int8'", kv_cache_dtype="int8")
@@ -81,6 +102,9 @@ def _kv_cache_dtype(ctx: Ctx) -> str:
         fail(f"kv_pool_bytes_per_token {a} (auto, {item}-byte entries) vs {b} (fp8): expected a ratio of {item}")
     worst, agree, total = compare_fp8_cache(ctx, ctx.ref.prompts([9, 5], seed=29), 4, block_size=4)
     ctx.metrics["fp8_kv_logit_rel_error"] = worst
+    hit = fp8_prefix_hit(ctx, ctx.ref.prompts([13], seed=31)[0], 4)
+    hit_text = "no prefix caching in this plan" if hit is None else \
+        f"a prefix hit ({hit} cached tokens) gives the miss's tokens"
     return text + f"; 'fp8' stores e4m3 ({item}x the tokens per byte), logits within {worst:.3f} of the row " \
         f"spread (tolerance {LOGIT_REL_TOL} at 3 of 4 positions, {LOGIT_REL_MAX} at all), {agree}/{total} greedy " \
-        "tokens agree"
+        f"tokens agree; {hit_text}"

@@ -14,9 +14,10 @@ import torch
 from core_runner.attention.registry import get_backend
 from core_runner.config import EngineConfig
 from core_runner.executor.draft import DraftSpec, build_draft
+from core_runner.kv_cache_dtype import report_kv_scales
 from core_runner.kv_cache_spec import RowStateSpec
 from core_runner.loader import build_model
-from core_runner.oracle import ExecutionPlan, check_model_fits
+from core_runner.oracle import ExecutionPlan, check_backend_takes_scales, check_model_fits
 from core_runner.registry import Registration
 from core_runner.runner.cuda_graphs import capture_sizes
 from core_runner.runner.model_runner import ModelRunner
@@ -54,10 +55,12 @@ def build_runner(spec: RankSpec) -> ModelRunner:
     model_cls = spec.registration.load_model_class()
     model = build_model(model_cls, spec.hf_config, spec.dtype, config.device, spec.model_path,
                         load_format=config.load_format, seed=config.seed)
+    report_kv_scales(model, config.kv_cache_dtype)
     state_cls = spec.registration.load_model_state_class()
     model_state = state_cls(config, model, torch.device(config.device))
     backend = get_backend(spec.plan.attention_backend)
     check_model_fits(backend, model, spec.architecture)  # e.g. MLA layers need supports_mla
+    check_backend_takes_scales(backend, config.kv_cache_dtype)
     drafter = None
     if spec.draft is not None:
         drafter = build_draft(spec.draft, model, spec.hf_config, spec.dtype, config.device, config.load_format,

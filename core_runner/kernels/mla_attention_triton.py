@@ -41,13 +41,13 @@ _LAUNCH_KEYS = ("BLOCK_N", "num_warps", "num_stages")
 
 @triton.jit(do_not_specialize=["num_reqs"])
 def _mla_kernel(
-    qc_ptr, qpe_ptr, cache_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, qsl_ptr, seq_lens_ptr, bt_ptr,
+    qc_ptr, qpe_ptr, cache_ptr, out_ptr, m_ptr, l_ptr, acc_ptr, qsl_ptr, seq_lens_ptr, bt_ptr, kv_scale_ptr,
     num_reqs, qk_scale,
     s_qt, s_qh, s_pt, s_ph, s_ot, s_oh, s_bt, s_cb, s_co,
     NUM_HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr, LORA: tl.constexpr, BLOCK_L: tl.constexpr, ROPE: tl.constexpr,
     BLOCK_R: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * BLOCK_H
     pid = tl.program_id(0)
@@ -81,6 +81,10 @@ def _mla_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_L], dtype=tl.float32)
     bt_row = bt_ptr + req.to(tl.int64) * s_bt
+    # an fp8 latent reads as sigma * entry: the scores and the output are both linear in it
+    if HAS_KV_SCALE:
+        sigma = tl.load(kv_scale_ptr)
+        qk_scale = qk_scale * sigma
     for start in range(kv_lo, kv_hi, BLOCK_N):
         n = start + tl.arange(0, BLOCK_N)
         n_ok = n < kv_hi
@@ -101,6 +105,8 @@ def _mla_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(c.dtype), c, input_precision=DOT_PRECISION)
         m_i = m_new
+    if HAS_KV_SCALE:
+        acc = acc * sigma
 
     if NUM_SPLITS > 1:
         part = (tok * NUM_HEADS + r_head) * NUM_SPLITS + split
@@ -125,13 +131,15 @@ def mla_attention_triton(
     max_seq_len: int | None = None,
     num_splits: int | None = None,
     config: dict | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q_c: [T, H, L] (q_nope with kv_b_proj's key half absorbed); q_pe: [T, H, R] (roped);
     latent_cache: [1, num_blocks, block_size, 1, L + R]. Returns [T, H, L] in q_c's dtype.
     ``max_query_len`` / ``max_seq_len`` are host-side upper bounds; only when they are None
     (and needed) is the device read, so pass them under CUDA graphs. num_splits > 1 forces
     split-KV; None lets a heuristic choose (decode on CUDA only). ``config`` overrides the
-    launch parameters BLOCK_N, num_warps, num_stages (for tuning sweeps)."""
+    launch parameters BLOCK_N, num_warps, num_stages (for tuning sweeps). ``kv_scale``: float32
+    [2] on the device; the latent reads as ``entry * kv_scale[0]`` (an fp8 cache's scale)."""
     num_tokens, num_heads, lora = q_c.shape
     rope = q_pe.shape[-1]
     parts, _, block_size, cache_heads, width = latent_cache.shape
@@ -140,6 +148,9 @@ def mla_attention_triton(
                          f"{tuple(latent_cache.shape)} (expected [1, blocks, block_size, 1, L + R])")
     if latent_cache.stride(-1) != 1:
         raise ValueError("latent_cache must be contiguous in its last dimension")
+    if kv_scale is not None and (kv_scale.dtype != torch.float32 or kv_scale.numel() != 2):
+        raise ValueError(f"kv_scale must be float32 with 2 entries (latent, unused), got {kv_scale.dtype} "
+                         f"{tuple(kv_scale.shape)}")
     if config is not None and not set(config) <= set(_LAUNCH_KEYS):
         raise ValueError(f"config keys {sorted(set(config) - set(_LAUNCH_KEYS))} are not among {_LAUNCH_KEYS}")
     q_c = q_c if q_c.stride(-1) == 1 else q_c.contiguous()
@@ -176,13 +187,13 @@ def mla_attention_triton(
     cache = latent_cache[0]
     _mla_kernel[(num_progs, head_tiles, num_splits)](
         q_c, q_pe, cache, out, m_buf, l_buf, acc_buf, query_start_loc, seq_lens, block_tables,
-        num_reqs, scale * _LOG2E,
+        kv_scale if kv_scale is not None else seq_lens, num_reqs, scale * _LOG2E,
         q_c.stride(0), q_c.stride(1), q_pe.stride(0), q_pe.stride(1), out.stride(0), out.stride(1),
         block_tables.stride(0), cache.stride(0), cache.stride(1),
         NUM_HEADS=num_heads, BLOCK_H=block_h, BLOCK_Q=block_q, BLOCK_SIZE=block_size, BLOCK_N=cfg["BLOCK_N"],
         LORA=lora, BLOCK_L=block_l, ROPE=rope, BLOCK_R=block_r, ONE_BLOCK_PER_REQ=one_block,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if q_c.dtype == torch.float32 else "tf32",
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        HAS_KV_SCALE=kv_scale is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         merge_splits(out, (m_buf, l_buf, acc_buf), query_start_loc, num_reqs, num_splits, block_l)

@@ -88,7 +88,7 @@ def _attend_tile(
 @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "num_main"])
 def _attn_kernel(
     q_ptr, kc_ptr, vc_ptr, out_ptr, m_ptr, l_ptr, acc_ptr,
-    qsl_ptr, seq_lens_ptr, bt_ptr, sinks_ptr,
+    qsl_ptr, seq_lens_ptr, bt_ptr, sinks_ptr, kv_scale_ptr,
     num_tokens, num_reqs, num_main, qk_scale, window, cap_log2e,
     s_qt, s_qh, s_ot, s_oh, s_bt,
     s_cb, s_co, s_ch,
@@ -96,7 +96,7 @@ def _attn_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, HEAD_SIZE: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, CAUSAL: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, UNMASKED_LOOP: tl.constexpr,
-    WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     # Reversed so the heaviest work starts first: prefills sit after the decode rows
@@ -147,6 +147,10 @@ def _attn_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     kv_head_off = kvh.to(tl.int64) * s_ch
     bt_row = bt_ptr + req.to(tl.int64) * s_bt
+    # fp8 cache scales: q.(k_scale k) = k_scale (q.k), and sum p (v_scale v) = v_scale sum p v,
+    # so the k scale joins the score scale and the v scale multiplies the accumulator once
+    if HAS_KV_SCALE:
+        qk_scale = qk_scale * tl.load(kv_scale_ptr)
 
     # Keys below pos0 + 1 are visible to every row, so whole tiles there can skip all
     # masks. That pays for prefill tiles but slows decode (two pipelined loops instead of
@@ -168,6 +172,8 @@ def _attn_kernel(
             q, m_i, l_i, acc, start, kv_hi, r_pos, bt_row, kc_ptr, vc_ptr, kv_head_off, s_cb, s_co,
             qk_scale, window, cap_log2e, BLOCK_SIZE, BLOCK_N, BLOCK_D, HEAD_SIZE, True, CAUSAL, DOT_PRECISION,
             WINDOWED, SOFT_CAP)
+    if HAS_KV_SCALE:  # before the split scratch: the merge is linear in acc
+        acc = acc * tl.load(kv_scale_ptr + 1)
 
     if HAS_SINKS:  # a key with a learned logit and a zero value, counted once (by split 0)
         sink = tl.load(sinks_ptr + r_head, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
@@ -223,6 +229,7 @@ def paged_attention_triton(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [num_tokens, heads, D]; kv_cache: [1 or 2, num_blocks, block_size, kv_heads, D];
     query_start_loc: [num_reqs + 1]; seq_lens, block_tables: per request (device).
@@ -231,7 +238,8 @@ def paged_attention_triton(
     forces the split-KV path; None lets a heuristic choose (split only for decode).
     ``config`` overrides the launch parameters (BLOCK_M, BLOCK_N, num_warps, num_stages,
     UNMASKED_LOOP): a measurement hook (benchmarks/attn_sweep.py). ``sliding_window``,
-    ``logits_soft_cap`` and ``sinks`` ([heads]) as in ``paged_attention_ref``."""
+    ``logits_soft_cap``, ``sinks`` ([heads]) and ``kv_scale`` (float32 [2] on the device: the
+    k / v cache scales) as in ``paged_attention_ref``."""
     num_tokens, num_heads, head_size = q.shape
     _, _, block_size, kv_heads, cache_d = kv_cache.shape
     if cache_d != head_size or num_heads % kv_heads != 0:
@@ -271,10 +279,14 @@ def paged_attention_triton(
         raise NotImplementedError("sliding_window is implemented for causal attention only")
     if sinks is not None and tuple(sinks.shape) != (num_heads,):
         raise ValueError(f"sinks {tuple(sinks.shape)} must hold one logit per head ({num_heads},)")
+    if kv_scale is not None and (kv_scale.dtype != torch.float32 or kv_scale.numel() != 2):
+        raise ValueError(f"kv_scale must be float32 with 2 entries (k, v), got {kv_scale.dtype} "
+                         f"{tuple(kv_scale.shape)}")
     cap = logits_soft_cap
     _attn_kernel[grid](
         q, kv_cache[0], kv_cache[-1], out, m_buf, l_buf, acc_buf,
         query_start_loc, seq_lens, block_tables, sinks if sinks is not None else seq_lens,
+        kv_scale if kv_scale is not None else seq_lens,
         num_tokens, num_reqs, num_main, scale / cap if cap else scale * _LOG2E,
         sliding_window or 0, cap * _LOG2E if cap else 1.0,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -284,7 +296,7 @@ def paged_attention_triton(
         HEAD_SIZE=head_size, ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"],
         WINDOWED=sliding_window is not None, SOFT_CAP=cap is not None, HAS_SINKS=sinks is not None,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        HAS_KV_SCALE=kv_scale is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         merge_splits(out, (m_buf, l_buf, acc_buf), query_start_loc, num_reqs, num_splits, block_d)

@@ -5,6 +5,11 @@ The cache tensor is bound by the runner (``self.kv_cache``) from the layer's
 options (window, soft cap, sinks) travel to the backend as one ``AttentionOptions``;
 the engine refuses, at construction, a backend that does not list an option a layer uses
 (``AttentionBackend.attention_features``).
+
+``kv_scale`` (float32 [2]: k then v, a device buffer) holds the layer's fp8 KV cache
+scales: 1.0 unless the checkpoint carries them (``core_runner/loader/kv_scales.py``). They
+reach the backend only when the bound cache is fp8 (docs/fp8_kv_cache.md), so a backend
+that never sees an fp8 cache need not take them.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from torch import nn
 
 from core_runner.attention.options import AttentionOptions
 from core_runner.forward_context import get_forward_context
+from core_runner.kv_cache_dtype import is_fp8
 from core_runner.kv_cache_spec import PagedCacheSpec
 
 
@@ -45,6 +51,9 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_size, self.scale = num_heads, num_kv_heads, head_size, scale
         self.options = AttentionOptions(sliding_window, logits_soft_cap, sinks is not None)
         self.__dict__["sinks"] = sinks  # not a submodule parameter: the caller owns and loads it
+        # float32 whatever the model dtype: a scale is a multiplier, not an activation
+        self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32), persistent=False)
+        self.kv_scale_loaded: tuple[str, ...] = ()  # checkpoint tensors that set kv_scale (the loader)
         self.kv_cache: torch.Tensor | None = None
         self.kv_cache_group = 0  # set by the runner (core_runner/kv_cache_groups.py)
         self.layer_name = ""
@@ -67,9 +76,11 @@ class Attention(nn.Module):
         k = k.view(-1, self.num_kv_heads, self.head_size)
         v = v.view(-1, self.num_kv_heads, self.head_size)
         md = ctx.attn_metadata.for_group(self.kv_cache_group) if self.kv_cache_group else ctx.attn_metadata
-        ctx.backend.write_kv(self.kv_cache, k, v, md)
+        scaled = {"kv_scale": self.kv_scale} if is_fp8(self.kv_cache.dtype) else {}
+        ctx.backend.write_kv(self.kv_cache, k, v, md, **scaled)
         if self.options.is_plain:
-            out = ctx.backend.forward(q, self.kv_cache, md, self.scale)
+            out = ctx.backend.forward(q, self.kv_cache, md, self.scale, **scaled)
         else:
-            out = ctx.backend.forward(q, self.kv_cache, md, self.scale, options=self.options, sinks=self.sinks)
+            out = ctx.backend.forward(q, self.kv_cache, md, self.scale, options=self.options, sinks=self.sinks,
+                                      **scaled)
         return out.reshape(q.shape[0], self.num_heads * self.head_size)

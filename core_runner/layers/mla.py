@@ -13,6 +13,10 @@ token is (kv_lora_rank + qk_rope_head_dim) x dtype size, not per head.
 Under tensor parallelism ``num_heads`` is the rank's head count and kv_b_proj's weight
 the rank's heads' rows; the latent is shared by all heads, so every rank writes and
 reads the same full latent cache.
+
+``kv_scale`` (float32 [2], a device buffer, as ``Attention``'s): an fp8 latent cache stores
+``[kv_c | k_pe] / kv_scale[0]`` and reads ``entry * kv_scale[0]`` (one scale for the latent,
+vLLM's k_scale); ``kv_scale[1]`` is unused. Passed to the backend only with an fp8 cache.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch
 from torch import nn
 
 from core_runner.forward_context import get_forward_context
+from core_runner.kv_cache_dtype import is_fp8
 from core_runner.kv_cache_spec import PagedCacheSpec
 
 
@@ -36,6 +41,8 @@ class MLAAttention(nn.Module):
         self.num_heads, self.kv_lora_rank = num_heads, kv_lora_rank
         self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.scale = scale
+        self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32), persistent=False)
+        self.kv_scale_loaded: tuple[str, ...] = ()  # checkpoint tensors that set kv_scale (the loader)
         self.kv_cache: torch.Tensor | None = None
         self.layer_name = ""
 
@@ -56,8 +63,9 @@ class MLAAttention(nn.Module):
         if self.kv_cache is None:
             raise RuntimeError(f"MLA layer {self.layer_name or '?'} has no latent cache bound")
         w_uk, w_uv = self.split_kv_b(kv_b_weight)
-        ctx.backend.write_mla(self.kv_cache, kv_c, k_pe, ctx.attn_metadata)
+        scaled = {"kv_scale": self.kv_scale} if is_fp8(self.kv_cache.dtype) else {}
+        ctx.backend.write_mla(self.kv_cache, kv_c, k_pe, ctx.attn_metadata, **scaled)
         q_c = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, L]
-        o = ctx.backend.forward_mla(q_c, q_pe, self.kv_cache, ctx.attn_metadata, self.scale)
+        o = ctx.backend.forward_mla(q_c, q_pe, self.kv_cache, ctx.attn_metadata, self.scale, **scaled)
         out = torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2))  # [H, T, v]
         return out.transpose(0, 1).reshape(o.shape[0], self.num_heads * self.v_head_dim)

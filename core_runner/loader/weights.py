@@ -35,6 +35,7 @@ from torch import nn
 from core_runner.loader.checkpoint import checkpoint_files, open_safetensors
 from core_runner.loader.files import CheckpointError
 from core_runner.loader.finite import prepared, where
+from core_runner.loader.kv_scales import KVScaleLoader
 from core_runner.loader.parts import LoadedParts, WeightRouter
 from core_runner.loader.slices import CheckpointSlice, open_checkpoint_slice
 from core_runner.quantization import Quantization, TensorLookup, quantization_from_config
@@ -96,6 +97,7 @@ def load_weights(
     params = dict(model.named_parameters())
     router = WeightRouter(model)
     parts = LoadedParts(params, router)
+    kv_scales = KVScaleLoader(model)  # fp8 KV cache scales go to layer buffers, not parameters
     lookup = TensorLookup(list(files)) if quantization is not None else None  # a scale may sit in another shard
     for file, names in files.items():
         with open_safetensors(file) as f:
@@ -104,6 +106,9 @@ def load_weights(
                     continue
                 routed = router.route(name)
                 if routed is None:
+                    continue
+                # the model-side name before packed_modules_mapping (k_proj.output_scale stays k_proj)
+                if kv_scales.load(f, file, name, router.rename(name) if router.rename else name):
                     continue
                 target, shard = routed
                 param = params.get(target)

@@ -73,9 +73,14 @@ class CompressedTensorsFp8(Quantization):
         if fmt != "float-quantized":
             raise ValueError(f"quantization_config.format={fmt!r} (compressed-tensors) is not supported: core-runner "
                              "loads 'float-quantized' (fp8 e4m3 weights with per-tensor or per-channel scales)")
-        if config.kv_cache_scheme is not None:
-            raise ValueError(f"quantization_config.kv_cache_scheme={config.kv_cache_scheme!r} is not supported: "
-                             "quantized KV caches come from EngineConfig.kv_cache_dtype, not the checkpoint")
+        kv = config.kv_cache_scheme
+        # static per-tensor fp8 KV scales are what the loader reads (core_runner/loader/kv_scales.py);
+        # the cache dtype itself still comes from EngineConfig.kv_cache_dtype
+        if kv is not None and (kv.num_bits, str(kv.type), str(kv.strategy), kv.dynamic) != (8, "float", "tensor",
+                                                                                           False):
+            raise ValueError(f"quantization_config.kv_cache_scheme={kv!r} is not supported: core-runner reads "
+                             "static per-tensor fp8 KV cache scales (num_bits 8, type 'float', strategy 'tensor', "
+                             "dynamic false); the cache dtype comes from EngineConfig.kv_cache_dtype")
         if getattr(config, "sparsity_config", None):
             raise ValueError("quantization_config.sparsity_config is not supported (sparse checkpoints)")
         groups = config.config_groups or {}

@@ -152,6 +152,7 @@ def attention_cases() -> dict:
     qslp = torch.arange(0, 4 * 32 + 1, 32, dtype=torch.int32)
     paged = (kv, qsl, lens, bt, 0.088)
     kv8 = kv.to(torch.float8_e4m3fn)
+    kvs = torch.tensor([2.0, 0.5])
     return {
         "paged_decode": lambda: paged_attention_triton(q1, *paged, max_query_len=1, max_seq_len=128, num_splits=1,
                                                        config=gpu),
@@ -179,6 +180,16 @@ def attention_cases() -> dict:
         "fp8kv_write": lambda: write_kv_triton(kv8, q1[:, :8], q1[:, 8:], torch.arange(reqs)),
         "fp8kv_mla": lambda: mla_attention_triton(q_c, q_pe, cache.to(torch.float8_e4m3fn), *args[3:],
                                                   max_query_len=1, max_seq_len=128, num_splits=4, config=gpu),
+        # with checkpoint k / v scales (a float32 [2] device buffer the kernels load)
+        "fp8kv_scaled_split": lambda: paged_attention_triton(q1, kv8, *paged[1:], max_query_len=1, max_seq_len=128,
+                                                             num_splits=4, config=gpu, kv_scale=kvs),
+        "fp8kv_scaled_prefill": lambda: paged_attention_triton(qp, kv8, qslp, lens[:4], bt[:4], 0.088,
+                                                               max_query_len=32, max_seq_len=100, config=gpu,
+                                                               kv_scale=kvs),
+        "fp8kv_scaled_write": lambda: write_kv_triton(kv8, q1[:, :8], q1[:, 8:], torch.arange(reqs), kvs),
+        "fp8kv_scaled_mla": lambda: mla_attention_triton(q_c, q_pe, cache.to(torch.float8_e4m3fn), *args[3:],
+                                                         max_query_len=1, max_seq_len=128, num_splits=4, config=gpu,
+                                                         kv_scale=kvs),
     }
 
 
