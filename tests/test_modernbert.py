@@ -102,11 +102,14 @@ def test_local_window_and_rope_kinds_matter(tmp_path_factory, encoder):
         assert (_hf(other, p).last_hidden_state[0] - want).abs().max() > 1e-3, change
 
 
-@pytest.mark.parametrize("pooling", ["cls", "mean"])
-def test_classifier_matches_transformers(tmp_path_factory, single_torch_thread, pooling):
+# the activations too: CR-EQ-12 moves only fields whose name ends in "act", not these two
+@pytest.mark.parametrize("pooling, acts", [
+    ("cls", {}), ("mean", {}), ("mean", dict(hidden_activation="gelu_pytorch_tanh", classifier_activation="silu")),
+])
+def test_classifier_matches_transformers(tmp_path_factory, single_torch_thread, pooling, acts):
     path, hf = _save(tmp_path_factory, f"mb_cls_{pooling}", "ModernBertForSequenceClassification", num_labels=3,
                      classifier_pooling=pooling, classifier_bias=True, id2label={0: "a", 1: "b", 2: "c"},
-                     label2id={"a": 0, "b": 1, "c": 2})
+                     label2id={"a": 0, "b": 1, "c": 2}, **acts)
     llm = _llm(path)
     prompts = _prompts([2, 17, 33, 8], seed=7)
     outs = llm.classify(prompts, use_tqdm=False)
