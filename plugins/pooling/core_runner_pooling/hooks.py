@@ -194,7 +194,7 @@ def register_models(registry):
         model_state=STATE,
         capabilities=MODERNBERT_CAPABILITIES,
         reference="transformers:ModernBertModel",
-        sdk_version=SDK_RANGE,
+        sdk_version=">=1.3,<2",  # Attention(bidirectional_window=)
         tasks=("embed",),
         examples=[{"name": "tiny-modernbert", "config": TINY_MODERNBERT},
                   {"name": "modernbert-base-shape", "config": MODERNBERT_BASE}],
@@ -205,7 +205,7 @@ def register_models(registry):
         model_state=CLASSIFY_STATE,
         capabilities=MODERNBERT_CAPABILITIES,
         reference="transformers:ModernBertForSequenceClassification",
-        sdk_version=SDK_RANGE,
+        sdk_version=">=1.3,<2",
         tasks=("classify", "score"),
         examples=[{"name": "tiny-modernbert-cls", "config": {**TINY_MODERNBERT, "num_labels": 2,
                                                              "classifier_pooling": "mean"}},
