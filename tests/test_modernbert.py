@@ -168,3 +168,19 @@ def test_unsupported_activation_is_refused_by_name(tmp_path_factory, field, valu
                     **{field: value})
     with pytest.raises(ValueError, match=f"{field}={value!r}"):
         _llm(path)
+
+
+def test_masked_lm_checkpoint_serves_as_encoder(tmp_path_factory, single_torch_thread):
+    """A ModernBertForMaskedLM checkpoint (the published base model's class) read as
+    ModernBertModel: the ``model.`` prefix is stripped, the MLM head and decoder skipped."""
+    import json
+    from pathlib import Path
+
+    path, hf = _save(tmp_path_factory, "mb_mlm", "ModernBertForMaskedLM")
+    cfg = Path(path) / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "architectures": ["ModernBertModel"]}))
+    p = _prompts([23], seed=2)[0]
+    (got,) = _llm(path).embed([p], PoolingParams(pooling_type="mean", normalize=False), use_tqdm=False)
+    with torch.no_grad():
+        want = hf.model(input_ids=torch.tensor([p])).last_hidden_state[0].mean(0)
+    torch.testing.assert_close(got.outputs.data, want, atol=TOL, rtol=0)
