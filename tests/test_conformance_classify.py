@@ -18,7 +18,8 @@ pytest.importorskip("core_runner_pooling", reason="pip install -e plugins/poolin
 def test_the_pooling_plugin_classifiers_pass_cr_eq_15():
     report = run_suite("pooling", checks=["CR-EQ-15"], tier="cpu")
     cases = {c["name"]: c for c in report["checks"]}
-    assert len(cases) == 9, sorted(cases)  # 3 BERT, 2 Qwen3, 2 XLM-R, 2 Llama classifier examples
+    # 3 BERT, 2 Qwen3, 2 XLM-R, 2 Llama, 3 ModernBERT classifier examples
+    assert len(cases) == 12, sorted(cases)
     for name, c in cases.items():
         assert c["outcome"] == "passed", (name, c["message"])
     notes = " ".join(cases["CR-EQ-15[Qwen3ForSequenceClassification:tiny-qwen3-cls]"]["notes"])

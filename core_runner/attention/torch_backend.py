@@ -52,13 +52,16 @@ def paged_attention_ref(
     logits_soft_cap: float | None = None,
     sinks: torch.Tensor | None = None,
     kv_scale: torch.Tensor | None = None,
+    bidirectional_window: int | None = None,
 ) -> torch.Tensor:
     """q: [num_tokens, heads, D] -> [num_tokens, heads, D] (float32 math); cache entries read
     as ``entry * kv_scale`` (k, v) when ``kv_scale`` [2] is given. A query at
     position p sees keys p - sliding_window < k <= p; scores are soft-capped after the
     scale; ``sinks`` [heads] are logits with a zero value in every row's softmax. Blocks
     wholly before every query's window are never read (the block manager may have freed
-    them)."""
+    them). ``bidirectional_window`` w (non-causal only): a query at p sees keys with
+    |k - p| <= w (transformers' ModernBERT bound); blocks wholly before first_q - w are
+    not read."""
     out = torch.zeros_like(q)
     num_heads = q.shape[1]
     kv_heads, bs = kv_cache.shape[3], kv_cache.shape[2]
@@ -70,10 +73,19 @@ def paged_attention_ref(
         if e == s or seq_len == 0:
             continue
         if sliding_window is not None and not causal:
-            raise NotImplementedError("sliding_window is implemented for causal attention only")
+            raise NotImplementedError("sliding_window is implemented for causal attention only: a bidirectional "
+                                      "layer's window is bidirectional_window")
+        if bidirectional_window is not None and causal:
+            raise NotImplementedError("bidirectional_window is implemented for non-causal attention only: a causal "
+                                      "layer's window is sliding_window")
         qpos = torch.arange(seq_len - (e - s), seq_len, device=q.device)
         # the first block any query's window reaches; earlier ones may belong to others now
-        lo = 0 if sliding_window is None else max(0, int(qpos[0]) - sliding_window + 1) // bs * bs
+        # (queries are the request's last tokens: no key lies after the last query's window)
+        lo = 0
+        if sliding_window is not None:
+            lo = max(0, int(qpos[0]) - sliding_window + 1) // bs * bs
+        elif bidirectional_window is not None:
+            lo = max(0, int(qpos[0]) - bidirectional_window) // bs * bs
         k = gather_context(kv_cache[0], block_tables[i], seq_len, lo).float()
         v = gather_context(kv_cache[-1], block_tables[i], seq_len, lo).float()
         if kv_scale is not None:
@@ -90,6 +102,8 @@ def paged_attention_ref(
             hidden |= kpos[None, :] > qpos[:, None]
         if sliding_window is not None:
             hidden |= kpos[None, :] <= qpos[:, None] - sliding_window
+        if bidirectional_window is not None:
+            hidden |= (kpos[None, :] - qpos[:, None]).abs() > bidirectional_window
         scores = scores.masked_fill(hidden[None], float("-inf"))
         if sinks is not None:
             sink = sinks.float().view(-1, 1, 1).expand(-1, scores.shape[1], 1)
@@ -119,6 +133,7 @@ class TorchPagedAttention(AttentionBackend):
         return paged_attention_ref(
             q, kv_cache, md.query_start_loc_cpu, md.seq_lens_cpu, md.block_tables, scale, md.causal,
             o.sliding_window, o.logits_soft_cap, sinks if o.sinks else None, kv_scale,
+            o.bidirectional_window,
         )
 
     def forward_mla(self, q_c: torch.Tensor, q_pe: torch.Tensor, latent_cache: torch.Tensor,

@@ -22,7 +22,8 @@ class TritonPagedAttention(AttentionBackend):
     supports_cuda_graphs = True
     needs_triton = True
     capability = "triton_attention"
-    attention_features = frozenset(ATTENTION_FEATURES)
+    # no symmetric (encoder) window in the kernel: a layer asking for one is refused at construction
+    attention_features = frozenset(ATTENTION_FEATURES) - {"bidirectional_window"}
 
     def write_kv(self, kv_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, md: AttnMetadata,
                  kv_scale: torch.Tensor | None = None) -> None:

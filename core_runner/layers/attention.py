@@ -39,17 +39,21 @@ class Attention(nn.Module):
     - ``sinks``: a tensor [num_heads] (this rank's heads) of learned logits that join
       each row's softmax denominator with a zero value; owned (and loaded) by the caller,
       read at every forward, so it is not registered as this module's parameter.
+    - ``bidirectional_window``: for non-causal (encoder) layers, a query at p sees keys
+      with |k - p| <= window. The cache spec carries no window: the layer shares the
+      full-attention KV group and frees nothing early (encoder prompts run whole in one
+      step, so there is nothing to free before the request ends).
     """
     def __init__(self, num_heads: int, num_kv_heads: int, head_size: int, scale: float, *,
                  sliding_window: int | None = None, logits_soft_cap: float | None = None,
-                 sinks: torch.Tensor | None = None) -> None:
+                 sinks: torch.Tensor | None = None, bidirectional_window: int | None = None) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}")
         if sinks is not None and tuple(sinks.shape) != (num_heads,):
             raise ValueError(f"sinks has shape {tuple(sinks.shape)}; it needs one logit per head: ({num_heads},)")
         self.num_heads, self.num_kv_heads, self.head_size, self.scale = num_heads, num_kv_heads, head_size, scale
-        self.options = AttentionOptions(sliding_window, logits_soft_cap, sinks is not None)
+        self.options = AttentionOptions(sliding_window, logits_soft_cap, sinks is not None, bidirectional_window)
         self.__dict__["sinks"] = sinks  # not a submodule parameter: the caller owns and loads it
         # float32 whatever the model dtype: a scale is a multiplier, not an activation
         self.register_buffer("kv_scale", torch.ones(2, dtype=torch.float32), persistent=False)

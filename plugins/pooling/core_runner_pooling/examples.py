@@ -118,3 +118,37 @@ SKYWORK_REWARD_LLAMA_3_1_8B = {  # Skywork/Skywork-Reward-Llama-3.1-8B-v0.2: one
     "rope_theta": 500000.0, "tie_word_embeddings": False, "use_cache": True,
     "vocab_size": 512,  # 128256
 }
+
+# ModernBERT (written without hub access from transformers' ModernBertConfig defaults, which
+# are answerdotai/ModernBERT-base's, and the published config.json's legacy fields as
+# remembered: recheck against the hub). The published checkpoint is a ModernBertForMaskedLM;
+# the encoder is served as ModernBertModel (what ModernBERT embedders declare).
+MODERNBERT_BASE = {  # answerdotai/ModernBERT-base
+    "architectures": ["ModernBertModel"],  # ModernBertForMaskedLM
+    "attention_bias": False, "attention_dropout": 0.0,
+    "bos_token_id": 425, "cls_token_id": 425, "eos_token_id": 426, "sep_token_id": 426,  # 50281 / 50282
+    "pad_token_id": 427,  # 50283 (special ids keep their distance from the end of the vocabulary)
+    "classifier_activation": "gelu", "classifier_bias": False, "classifier_dropout": 0.0,
+    "classifier_pooling": "mean", "decoder_bias": True, "deterministic_flash_attn": False, "embedding_dropout": 0.0,
+    "global_attn_every_n_layers": 3, "global_rope_theta": 160000.0, "hidden_activation": "gelu",
+    "hidden_size": 96,  # 768 (12 heads of 8 instead of 64)
+    "initializer_cutoff_factor": 2.0, "initializer_range": 0.02,
+    "intermediate_size": 144,  # 1152
+    "local_attention": 16,  # 128: a window shorter than the suite's prompts, so local layers differ from global
+    "local_rope_theta": 10000.0, "max_position_embeddings": 8192, "mlp_bias": False, "mlp_dropout": 0.0,
+    "model_type": "modernbert", "norm_bias": False, "norm_eps": 1e-05, "num_attention_heads": 12,
+    "num_hidden_layers": 4,  # 22 (layers 0 and 3 global, 1 and 2 local, as in the published pattern)
+    "sparse_pred_ignore_index": -100, "sparse_prediction": False, "tie_word_embeddings": True,
+    "vocab_size": 512,  # 50368
+}
+
+MODERNBERT_BASE_CLS3 = {  # ModernBERT-base fine-tuned as a three-way classifier (CLS pooling)
+    **MODERNBERT_BASE, "architectures": ["ModernBertForSequenceClassification"], "classifier_pooling": "cls",
+    "id2label": {"0": "negative", "1": "neutral", "2": "positive"},
+    "label2id": {"negative": 0, "neutral": 1, "positive": 2},
+}
+
+GTE_RERANKER_MODERNBERT_BASE = {  # Alibaba-NLP/gte-reranker-modernbert-base: a cross-encoder, one logit
+    **MODERNBERT_BASE, "architectures": ["ModernBertForSequenceClassification"],
+    "id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0},
+}

@@ -4,6 +4,9 @@ from core_runner_pooling.examples import (
     ALL_MINILM_L6_V2,
     BGE_M3,
     BGE_RERANKER_V2_M3,
+    GTE_RERANKER_MODERNBERT_BASE,
+    MODERNBERT_BASE,
+    MODERNBERT_BASE_CLS3,
     MS_MARCO_MINILM_L6_V2,
     QWEN3_EMBEDDING_0_6B,
     QWEN3_RERANKER_0_6B_SEQ_CLS,
@@ -59,6 +62,16 @@ TINY_BERT = dict(
 TINY_XLMR = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
     max_position_embeddings=130, type_vocab_size=1, layer_norm_eps=1e-5, hidden_act="gelu", pad_token_id=1,
+)
+
+# ModernBERT: BERT's reasons, except attention: its local layers use the symmetric window
+# (attention option bidirectional_window), which the Triton kernel does not implement
+MODERNBERT_CAPABILITIES = {**BERT_CAPABILITIES, "triton_attention": "unsupported"}
+TINY_MODERNBERT = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+    pad_token_id=0, bos_token_id=1, cls_token_id=1, eos_token_id=2, sep_token_id=2, global_attn_every_n_layers=2,
+    local_attention=8, max_position_embeddings=512, norm_bias=True, mlp_bias=True, attention_bias=True,
+    classifier_bias=True,
 )
 
 TINY_LLAMA = dict(
@@ -174,4 +187,28 @@ def register_models(registry):
         sdk_version=">=1.4,<2",
         tasks=("reward",),
         examples=[{"name": "tiny-llama-token-reward", "config": {**TINY_LLAMA, "num_labels": 2, "mlp_bias": True}}],
+    )
+    registry.add(
+        architecture="ModernBertModel",
+        model="core_runner_pooling.modernbert:ModernBertModel",
+        model_state=STATE,
+        capabilities=MODERNBERT_CAPABILITIES,
+        reference="transformers:ModernBertModel",
+        sdk_version=">=1.4,<2",  # Attention(bidirectional_window=)
+        tasks=("embed",),
+        examples=[{"name": "tiny-modernbert", "config": TINY_MODERNBERT},
+                  {"name": "modernbert-base-shape", "config": MODERNBERT_BASE}],
+    )
+    registry.add(
+        architecture="ModernBertForSequenceClassification",
+        model="core_runner_pooling.modernbert:ModernBertForSequenceClassification",
+        model_state=CLASSIFY_STATE,
+        capabilities=MODERNBERT_CAPABILITIES,
+        reference="transformers:ModernBertForSequenceClassification",
+        sdk_version=">=1.4,<2",
+        tasks=("classify", "score"),
+        examples=[{"name": "tiny-modernbert-cls", "config": {**TINY_MODERNBERT, "num_labels": 2,
+                                                             "classifier_pooling": "mean"}},
+                  {"name": "modernbert-base-cls3-shape", "config": MODERNBERT_BASE_CLS3},
+                  {"name": "gte-reranker-modernbert-base-shape", "config": GTE_RERANKER_MODERNBERT_BASE}],
     )
