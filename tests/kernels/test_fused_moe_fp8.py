@@ -188,7 +188,7 @@ def test_fp8_moe_deepseek_v3_layer_on_the_gpu(t):
     w = torch.rand(t, k, device="cuda", generator=g)
     out = fused_moe_fp8_triton(x, w13, s13, w2, s2, block, w, ids)
     assert out.dtype == torch.bfloat16 and out.shape == (t, h)
-    if t > 16:  # a reference over every routed expert would dequantize all 256: compare 8 tokens
+    if t > 8:  # a reference over every routed expert would dequantize up to 256: compare 8 tokens (<= 64)
         keep = torch.arange(0, t, t // 8, device="cuda")
         x, w, ids, out = x[keep], w[keep], ids[keep], out[keep]
     ref = _ref_on_used_experts(x, p, block, w, ids)
