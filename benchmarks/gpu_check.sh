@@ -12,6 +12,8 @@
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   moe-sweep fused MoE tile sweep, DeepSeek-V2-Lite layer (T 256 / 1024 / 8192), then V3's
 #             (MOE_SHAPES (env): which of v2-lite v3)                     -> moe_sweep_<shape>.json
+#   fp8-moe   fp8 grouped GEMM GPU tests, then fp8 vs bf16 fused MoE at the DeepSeek-V3 layer (T 1..256 from
+#             CUDA graphs, 4096 / 8192 eager; FP8_MOE_TOKENS (env) narrows)  -> fp8_moe.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
@@ -168,6 +170,12 @@ for s in "${STAGES[@]}"; do
         timeout 400 python3 benchmarks/moe_sweep.py --shape $shape --json "$LOG/moe_sweep_$shape.json" 2>&1 \
           | tee -a "$LOG/bench.log" | grep -v Warning | grep -e '^T=' -e default -e took | tail -12
       done;;
+    fp8-moe)
+      say fp8 fused MoE: GPU tests, then fp8 vs bf16 at the DeepSeek-V3 layer
+      timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels/test_fused_moe_fp8.py \
+        tests/kernels/test_fused_moe_fp8_layer.py 2>&1 | tail -4 | tee -a "$LOG/bench.log"
+      timeout 420 python3 benchmarks/fp8_moe_bench.py ${FP8_MOE_TOKENS:+--tokens $FP8_MOE_TOKENS} \
+        --json "$LOG/fp8_moe.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -14;;
     conformance)
       say conformance GPU checks
       for ep in qwen3 granite_hybrid deepseek llama_template pooling mistral gemma gpt_oss mamba; do

@@ -54,12 +54,16 @@ Shard ids keep global expert ids: the loader skips other ranks' experts, and
 Built for an fp8 checkpoint (``core_runner.layers.fp8_weight``), ``w13`` / ``w2`` keep
 their weights as float8_e4m3fn with block scales per expert (``weight_scale_inv``
 [E_local, ceil(rows / b0), ceil(cols / b1)]); the up part starts at row I_local, which must
-be a multiple of b0 (refused by name otherwise). Both paths dequantize the layer's experts
-per call (the torch loop and, until an fp8 grouped GEMM exists, the Triton one: a
-transient of one layer's experts in the activations' dtype). Whole stacked checkpoint
-tensors (gpt-oss's layout) are dequantized at load.
+be a multiple of b0 (else the loader keeps the layer dense, with a warning). The Triton
+path multiplies them with the fp8 grouped GEMM (``kernels.fused_moe_fp8_triton``: W8A8,
+activations quantized per token and group of b1, biases and both activations supported);
+the torch path dequantizes the layer's experts per call, computing with exactly the
+checkpoint's values. When only one of w13 / w2 stayed fp8 both take the dequantizing
+path. Whole stacked checkpoint tensors (gpt-oss's layout) are dequantized at load.
 """
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -105,11 +109,14 @@ def fused_moe_ref(
     hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
     w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None, activation: str = "silu",
     swiglu_alpha: float = SWIGLU_ALPHA, swiglu_limit: float = SWIGLU_LIMIT,
+    quantize_act: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Loop over experts; float32 accumulation of the weighted expert outputs. Ids outside
     [0, E) (an expert-parallel layer marks other ranks' experts -1) contribute nothing.
     ``w13_bias`` [E, 2I] is added to gate/up, ``w2_bias`` [E, H] to each expert's output
-    before its router weight scales it."""
+    before its router weight scales it. ``quantize_act`` (rows -> rows) replaces the
+    activation before the down product: the fp8 reference's quantize-dequantize
+    (``layers.fused_moe_fp8``)."""
     _check_activation(activation, swiglu_alpha, swiglu_limit)
     num_tokens, hidden_size = hidden.shape
     out = torch.zeros((num_tokens, hidden_size), dtype=torch.float32, device=hidden.device)
@@ -120,6 +127,8 @@ def fused_moe_ref(
             continue
         gate, up = F.linear(hidden[tok], w13[e], None if w13_bias is None else w13_bias[e]).chunk(2, dim=-1)
         act = F.silu(gate) * up if activation == "silu" else swigluoai_ref(gate, up, swiglu_alpha, swiglu_limit)
+        if quantize_act is not None:
+            act = quantize_act(act)
         y = F.linear(act, w2[e], None if w2_bias is None else w2_bias[e])
         out.index_add_(0, tok, y.float() * topk_weights[tok, slot].float().unsqueeze(-1))
     return out.to(hidden.dtype)
@@ -323,7 +332,14 @@ class FusedMoE(nn.Module):
             extra.update(w13_bias=self.w13.bias, w2_bias=self.w2.bias if self.adds_down_bias else None)
         if self.activation != "silu":
             extra.update(activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
-        if self._use_triton(hidden):
+        use_triton = self._use_triton(hidden)
+        if use_triton and is_fp8(self.w13) and is_fp8(self.w2):
+            from core_runner.kernels.fused_moe_fp8_triton import fused_moe_fp8_triton
+
+            out = fused_moe_fp8_triton(hidden, self.w13.weight, self.w13.weight_scale_inv, self.w2.weight,
+                                       self.w2.weight_scale_inv, self.w13.fp8_block, topk_weights, ids,
+                                       skip_invalid_ids=self.expert_parallel, **extra)
+        elif use_triton:
             from core_runner.kernels.fused_moe_triton import fused_moe_triton
 
             out = fused_moe_triton(hidden, self.w13.dense(hidden.dtype), self.w2.dense(hidden.dtype), topk_weights,

@@ -1,4 +1,4 @@
-"""Compile the sampler's, attention's and fused MoE's Triton kernels for an H100/H200 (sm90) on a machine without a GPU.
+"""Compile the sampler's, attention's and fused MoE's (bf16, fp8) Triton kernels for sm90 (H100/H200) without a GPU.
 
 The launchers run on small CPU tensors with ``JITFunction.run`` replaced: every launch is
 compiled for ``GPUTarget("cuda", 90, 32)`` from the arguments it was given (pointer and
@@ -209,6 +209,27 @@ def moe_cases() -> dict:
         "moe": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu),
         "moe_bias_swigluoai": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu, w13_bias=b13, w2_bias=b2,
                                                        activation="swigluoai"),
+    } | moe_fp8_cases()
+
+
+def moe_fp8_cases() -> dict:
+    """The fp8 grouped GEMM with [128, 128] blocks: the decode tile (M16 N64, fp8 dot of
+    K 128) plain, and the prefill tile (M128 N128, 8 warps) with biases and swigluoai."""
+    from core_runner.kernels.fused_moe_fp8_triton import fused_moe_fp8_triton
+
+    t, e, k, h, i, block = 64, 32, 4, 256, 256, (128, 128)
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(t, h, generator=g).bfloat16(), torch.rand(t, k, generator=g)
+    w13 = torch.randn(e, 2 * i, h, generator=g).to(torch.float8_e4m3fn)
+    w2 = torch.randn(e, h, i, generator=g).to(torch.float8_e4m3fn)
+    s13, s2 = torch.rand(e, 2 * i // 128, h // 128), torch.rand(e, h // 128, i // 128)
+    b13, b2 = torch.randn(e, 2 * i, generator=g).bfloat16(), torch.randn(e, h, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    wide = {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3}
+    return {
+        "moe_fp8": lambda: fused_moe_fp8_triton(x, w13, s13, w2, s2, block, w, ids, config={"num_stages": 3}),
+        "moe_fp8_wide_bias_swigluoai": lambda: fused_moe_fp8_triton(x, w13, s13, w2, s2, block, w, ids, config=wide,
+                                                                    w13_bias=b13, w2_bias=b2, activation="swigluoai"),
     }
 
 
