@@ -41,9 +41,9 @@ def engines(request):
 
 def _constrained(temperature: float = 0.0, seed: int | None = None) -> list[SamplingParams]:
     kw = dict(temperature=temperature, seed=seed)
+    compact = StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True)
     return [
-        SamplingParams(max_tokens=60, structured_outputs=StructuredOutputsParams(json=SCHEMA, disable_any_whitespace=True),
-                       **kw),
+        SamplingParams(max_tokens=60, structured_outputs=compact, **kw),
         SamplingParams(max_tokens=40, structured_outputs={"regex": REGEX}, **kw),
         SamplingParams(max_tokens=10, structured_outputs={"choice": CHOICES}, **kw),
     ]

@@ -123,7 +123,7 @@ class GrammarStage(Stage):
             if g is None or self._out_index(step, i) < g.num_fed:
                 continue
             self._step_entries.append((g, g.num_fed, step.batch.req_ids[i]))
-            filled = g.fill_verification(self._host, len(positions), k) if k else int(g.fill(self._host, len(positions)))
+            filled = g.fill_verification(self._host, len(positions), k)  # k = 0: the decode mask
             positions.extend(range(i, i + filled))
             if caps is not None and filled:
                 caps[self._req_of[i]] = filled - 1
