@@ -3,7 +3,7 @@
 greedy and seeded tokens equal those of the same grammar without speculation, with
 proposals kept; a request without a grammar gets the same tokens beside grammar requests
 as without them; a proposal that completes the grammar ends the output there; a request
-preempted while speculating replays its matcher."""
+preempted while speculating replays its matcher; TP = 2 gives the TP = 1 tokens."""
 from __future__ import annotations
 
 import json
@@ -114,3 +114,24 @@ def test_preempted_while_speculating_replays_the_matcher(engines, request):
         done += [o for o in eng.step() if o.finished]
     assert preempted and list(done[0].outputs[0].token_ids) == list(ref)
     assert done[0].num_preemptions == 1
+
+
+def test_tensor_parallel_with_grammars_and_speculation(engines, request, single_torch_thread):
+    # only rank 0 holds grammars; its acceptance cap (the completing proposal of the last
+    # prompt sets one) is broadcast with the sampled tokens
+    if "async" in request.node.name:
+        pytest.skip("one tensor-parallel run is enough (the cap broadcast is the same in both pipelines)")
+    spec, _ = engines
+    answer = [85, 72, 71, 224, 409, 224, 409, 0]
+    prompts = PROMPTS[:3] + [{"prompt_token_ids": answer * 2 + answer[:1]}]
+    params = _constrained() + [SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True,
+                                              structured_outputs={"choice": CHOICES})]
+    want = spec.generate(prompts, params, use_tqdm=False)
+    tp = LLM(demo_checkpoint(), tensor_parallel_size=2, speculative_config=NGRAM, device="cpu", dtype="float32",
+             max_model_len=192, max_num_seqs=8, num_kv_blocks=96, async_scheduling=False)
+    try:
+        got = tp.generate(prompts, params, use_tqdm=False)
+    finally:
+        tp.engine.shutdown()
+    _check(got[:3])
+    assert _tokens(got) == _tokens(want) and sum(o.num_accepted_tokens for o in got) > 0
