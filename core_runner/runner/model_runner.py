@@ -374,8 +374,7 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[v.logits_indices])
         self.sampling.grammar.begin_verification(batch.spec_counts)
         out = self._sample(v.view, logits)
-        sampled_all = self.tp_group.broadcast(out.sampled, src=0)
-        cap = self._acceptance_cap(v)
+        sampled_all, cap = self._broadcast_verification(out.sampled, v)
         tables = self.req_state.tables()
         idx = batch.idx_mapping[:n]
         accepted, final, target = accept(sampled_all, v, idx.long(), tables["num_tokens"], tables["token_ids"], cap)
@@ -396,15 +395,19 @@ class ModelRunner:
         extra = SpecExtra(batch.req_ids, batch.spec_counts, target, accepted, inner)
         return AsyncOutput(batch.req_ids, self._flag_non_finite(final_logits, final), None, self.copy_stream, extra)
 
-    def _acceptance_cap(self, v) -> torch.Tensor | None:
-        """How many proposals each request may keep, where structured outputs bound it (the
-        positions its grammar could mask). Only rank 0 holds grammars: with TP the bound is
-        broadcast like the sampled tokens, so every rank keeps the same proposals."""
+    def _broadcast_verification(self, sampled: torch.Tensor, v) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(rank 0's tokens of every logits row, how many proposals each request may keep
+        where structured outputs bound it: the positions its grammar could mask). Only rank 0
+        holds grammars, so with TP its bound rides the broadcast of the sampled tokens (one
+        collective; the request's k when it has none) and every rank keeps the same proposals."""
         cap = self.sampling.grammar.caps
         self.sampling.grammar.caps = None
-        if self.tp_group.world_size > 1:
-            cap = self.tp_group.broadcast(cap if cap is not None else v.counts_dev.clone(), src=0)
-        return cap
+        if self.tp_group.world_size == 1:
+            return sampled, cap
+        bound = (cap if cap is not None else v.counts_dev).to(sampled.dtype)
+        both = self.tp_group.broadcast(torch.cat([sampled, bound]), src=0)
+        m = sampled.numel()
+        return both[:m], both[m:].long()
 
     def _propose(self, batch: InputBatch, sample_idx: torch.Tensor) -> tuple | None:
         """Proposals for the speculating requests that sampled this step, written after their
@@ -418,20 +421,19 @@ class ModelRunner:
         self._step_states = None
         reqs = batch.propose_reqs or []
         rows = batch.idx_mapping_cpu[reqs].tolist()
-        if self.drafter is not None:
+        matched = None
+        if self.drafter is not None:  # runs even without rows: its first pass fills the draft's KV
             proposals = self.drafter.propose(batch, target_out, attn, sample_idx, reqs)
-            matched = None
-        elif rows:
+        if not rows:
+            return None
+        if self.drafter is None:
             tables = self.req_state.tables()
             dev = torch.tensor(rows).to(self.device, non_blocking=True)  # torch.tensor(device=) would wait
             s = self.spec
             proposals, matched = propose_ngram(tables["token_ids"], dev, tables["num_tokens"],
                                                s.num_speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max)
             write_proposals(tables["token_ids"], dev, tables["num_tokens"], proposals)
-        if not rows:
-            return None
-        grammar_rows = self.sampling.grammar.users
-        if grammar_rows.isdisjoint(rows):
+        if self.sampling.grammar.users.isdisjoint(rows):  # no grammar among them: nothing more to copy out
             proposals = None
         if matched is None and proposals is None:
             return None
