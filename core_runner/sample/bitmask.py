@@ -5,7 +5,10 @@ word ``t // 32`` set = token t allowed, xgrammar's layout); disallowed logits be
 The host fills the mask of step N+1 once step N's tokens are known: ``GrammarStage.prepare``
 runs after the forward of step N+1 is launched, reads step N's copy-out (the wait overlaps
 that forward on the device), advances the matchers, fills a pinned mask and copies it
-non-blocking. Design and the async pipeline: docs/structured_outputs.md.
+non-blocking. A verification step (speculative decoding) gets 1 + k masks per grammar
+request, one per position, walked through its proposals (``GrammarRequest.fill_verification``),
+and leaves in ``caps`` how many proposals each may keep. Design and the async pipeline:
+docs/structured_outputs.md.
 """
 from __future__ import annotations
 
