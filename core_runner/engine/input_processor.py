@@ -201,10 +201,6 @@ class InputProcessor:
                 if bad:
                     raise ValueError(f"SamplingParams.{name} token id {bad[0]} is invalid: expected ids in "
                                      f"[0, {self.vocab_size}) (the vocabulary)")
-        if params.structured_outputs is not None and self.config.speculative_config is not None:
-            raise ValueError("SamplingParams.structured_outputs is not supported with speculative decoding "
-                             "(speculative_config is set): the matcher would have to roll back rejected proposals; "
-                             "serve structured requests from an engine without speculative_config")
         if params.stop and self.tokenizer is None:
             raise ValueError(f"SamplingParams.stop={params.stop!r} is invalid: stop strings need a tokenizer, "
                              "and this checkpoint has none (use stop_token_ids)")

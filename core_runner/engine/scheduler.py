@@ -426,6 +426,8 @@ class Scheduler:
                     reason = "error"
                 elif g.terminated:  # the grammar is complete (with ignore_eos, or no EOS token)
                     reason = "stop"
+                elif req_id in result.spec_proposals:  # what its next verification's masks walk
+                    g.note_proposals(len(req.output_token_ids), result.spec_proposals[req_id])
             if reason is not None:
                 self._finish(req, reason)
                 finished.append(req)

@@ -101,11 +101,12 @@ class DraftRunner:
         return graph.pool()
 
     def propose(self, batch: InputBatch, target_out: Any, attn: AttnMetadata,
-                sample_idx: torch.Tensor, reqs: list[int]) -> None:
+                sample_idx: torch.Tensor, reqs: list[int]) -> torch.Tensor | None:
         """Run the first pass over the whole step (replaying its graph when the target's step
         replayed one) and, for the requests at indices ``reqs`` (speculating and sampling this
         step; ``sample_idx[i]`` = the token index of request i's last accepted position), the
-        decode passes; write their k proposals after their known tokens."""
+        decode passes; write their k proposals after their known tokens (and return them,
+        [len(reqs), k])."""
         tables = self.req_state.tables()
         token_ids = tables["token_ids"]
         n, device = batch.num_reqs, token_ids.device
@@ -117,7 +118,7 @@ class DraftRunner:
         else:
             logits_h, next_h = self._first_pass(batch, target_out, attn)
         if not reqs:
-            return
+            return None
         sel = torch.tensor(reqs).to(device, non_blocking=True)
         at = sample_idx[sel]
         rows = batch.idx_mapping[:n].long()[sel]
@@ -132,7 +133,9 @@ class DraftRunner:
             else:
                 logits_h, hidden = self._replay(db, hidden, size, j)
             proposals.append(self._tokens(logits_h, j))
-        write_proposals(token_ids, rows, tables["num_tokens"], torch.stack(proposals, dim=1))
+        stacked = torch.stack(proposals, dim=1)
+        write_proposals(token_ids, rows, tables["num_tokens"], stacked)
+        return stacked
 
     def _decode_batch(self, batch: InputBatch, rows: torch.Tensor, reqs: list[int], pos: torch.Tensor,
                       input_ids: torch.Tensor) -> InputBatch:

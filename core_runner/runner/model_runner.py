@@ -341,10 +341,10 @@ class ModelRunner:
         prompt = self.sampling.prompt_logprobs.compute(batch, hidden, self.model.compute_logits, self.sampler_triton)
         # 9. post-update on the device, 10. family post-processing, async copy-out
         self._post_update(batch, num_sched, sampled)
-        matched = self._propose(batch, batch.logits_indices[:n])
+        proposed = self._propose(batch, batch.logits_indices[:n])
         extra = StepLogprobs.collect(batch.req_ids, out.logprobs, out.logprob_rows, prompt)
-        if matched is not None:
-            extra = ProposalExtra(*matched, extra)
+        if proposed is not None:
+            extra = ProposalExtra(*proposed, inner=extra)
         return AsyncOutput(batch.req_ids, self._flag_non_finite(logits, sampled), None, self.copy_stream, extra)
 
     def _post_update(self, batch: InputBatch, num_sched: torch.Tensor, sampled: torch.Tensor) -> None:
@@ -372,11 +372,12 @@ class ModelRunner:
         n = batch.num_reqs
         v = verification_view(batch, batch.spec_counts)
         logits = self.model.compute_logits(hidden[v.logits_indices])
+        self.sampling.grammar.begin_verification(batch.spec_counts)
         out = self._sample(v.view, logits)
-        sampled_all = self.tp_group.broadcast(out.sampled, src=0)
+        sampled_all, cap = self._broadcast_verification(out.sampled, v)
         tables = self.req_state.tables()
         idx = batch.idx_mapping[:n]
-        accepted, final, target = accept(sampled_all, v, idx.long(), tables["num_tokens"], tables["token_ids"])
+        accepted, final, target = accept(sampled_all, v, idx.long(), tables["num_tokens"], tables["token_ids"], cap)
         final_logits = logits[v.first + accepted]
         for hook in self.logits_hooks:
             hook(batch.req_ids, final_logits)
@@ -387,36 +388,56 @@ class ModelRunner:
         self.model_state.postprocess_verification(batch, accepted, counts)
         tables["num_tokens"].index_add_(0, idx.long(), accepted.to(tables["num_tokens"].dtype))
         self._post_update(batch, (num_sched - counts + accepted).to(num_sched.dtype), final)
-        matched = self._propose(batch, v.logits_indices[v.first + accepted])
+        proposed = self._propose(batch, v.logits_indices[v.first + accepted])
         inner = StepLogprobs.collect(v.view.req_ids, out.logprobs, out.logprob_rows, prompt)
-        if matched is not None:
-            inner = ProposalExtra(*matched, inner)
+        if proposed is not None:
+            inner = ProposalExtra(*proposed, inner=inner)
         extra = SpecExtra(batch.req_ids, batch.spec_counts, target, accepted, inner)
         return AsyncOutput(batch.req_ids, self._flag_non_finite(final_logits, final), None, self.copy_stream, extra)
 
-    def _propose(self, batch: InputBatch, sample_idx: torch.Tensor) -> tuple[list[str], torch.Tensor] | None:
+    def _broadcast_verification(self, sampled: torch.Tensor, v) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(rank 0's tokens of every logits row, how many proposals each request may keep
+        where structured outputs bound it: the positions its grammar could mask). Only rank 0
+        holds grammars, so with TP its bound rides the broadcast of the sampled tokens (one
+        collective; the request's k when it has none) and every rank keeps the same proposals."""
+        cap = self.sampling.grammar.caps
+        self.sampling.grammar.caps = None
+        if self.tp_group.world_size == 1:
+            return sampled, cap
+        bound = (cap if cap is not None else v.counts_dev).to(sampled.dtype)
+        both = self.tp_group.broadcast(torch.cat([sampled, bound]), src=0)
+        m = sampled.numel()
+        return both[:m], both[m:].long()
+
+    def _propose(self, batch: InputBatch, sample_idx: torch.Tensor) -> tuple | None:
         """Proposals for the speculating requests that sampled this step, written after their
         known tokens (``sample_idx[i]``: the token index of request i's last kept position):
         from the draft model (which also runs over the whole step to fill its KV cache), or
-        n-gram lookups, which also return (request ids, whether each found a match)."""
+        n-gram lookups. Returns (request ids, whether each found a match (n-gram; None for a
+        draft), the proposals when one of them has a grammar (else None)) or None."""
         if self.spec is None:
             return None
         target_out, attn = self._step_states
         self._step_states = None
         reqs = batch.propose_reqs or []
-        if self.drafter is not None:
-            self.drafter.propose(batch, target_out, attn, sample_idx, reqs)
-            return None
         rows = batch.idx_mapping_cpu[reqs].tolist()
+        matched = None
+        if self.drafter is not None:  # runs even without rows: its first pass fills the draft's KV
+            proposals = self.drafter.propose(batch, target_out, attn, sample_idx, reqs)
         if not rows:
             return None
-        tables = self.req_state.tables()
-        dev = torch.tensor(rows).to(self.device, non_blocking=True)  # torch.tensor(device=) would wait
-        s = self.spec
-        proposals, matched = propose_ngram(tables["token_ids"], dev, tables["num_tokens"], s.num_speculative_tokens,
-                                           s.prompt_lookup_min, s.prompt_lookup_max)
-        write_proposals(tables["token_ids"], dev, tables["num_tokens"], proposals)
-        return [batch.req_ids[i] for i in reqs], matched
+        if self.drafter is None:
+            tables = self.req_state.tables()
+            dev = torch.tensor(rows).to(self.device, non_blocking=True)  # torch.tensor(device=) would wait
+            s = self.spec
+            proposals, matched = propose_ngram(tables["token_ids"], dev, tables["num_tokens"],
+                                               s.num_speculative_tokens, s.prompt_lookup_min, s.prompt_lookup_max)
+            write_proposals(tables["token_ids"], dev, tables["num_tokens"], proposals)
+        if self.sampling.grammar.users.isdisjoint(rows):  # no grammar among them: nothing more to copy out
+            proposals = None
+        if matched is None and proposals is None:
+            return None
+        return [batch.req_ids[i] for i in reqs], matched, proposals
 
     def _sample(self, batch: InputBatch, logits: torch.Tensor) -> SamplerOutput:
         return sample(logits, batch, self.sampling, self.sampler_triton)

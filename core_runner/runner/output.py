@@ -25,6 +25,8 @@ class ModelRunnerOutput:
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     # whether the proposer found proposals for the request's next step (n-gram: a match)
     spec_matched: dict[str, bool] = field(default_factory=dict)
+    # the proposals a structured-output request's next step verifies (its grammar masks need them)
+    spec_proposals: dict[str, list[int]] = field(default_factory=dict)
 
 
 EMPTY_OUTPUT = ModelRunnerOutput([], [])

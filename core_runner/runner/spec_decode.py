@@ -67,11 +67,12 @@ def verification_view(batch: InputBatch, counts: list[int]) -> Verification:
 
 
 def accept(sampled: torch.Tensor, v: Verification, rows: torch.Tensor, num_tokens: torch.Tensor,
-           token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           token_ids: torch.Tensor, cap: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(accepted [n], final token [n], target [n, kmax + 1]): how many proposals each request
     keeps, the token sampled after them, and the tokens sampled at its positions.
     ``sampled`` [M] holds the token sampled at every logits row; the proposals are read
-    from the token table at the request's known length."""
+    from the token table at the request's known length. ``cap`` [n] (structured outputs:
+    the positions the grammar could mask) bounds how many each request keeps."""
     n, kmax = len(v.counts), max(v.counts)
     device = sampled.device
     j = torch.arange(kmax + 1, device=device)
@@ -84,6 +85,8 @@ def accept(sampled: torch.Tensor, v: Verification, rows: torch.Tensor, num_token
     proposed = token_ids[rows[:, None], pos]
     match = (target[:, :kmax] == proposed.to(target.dtype)) & (j[None, :kmax] < counts[:, None])
     accepted = match.long().cumprod(dim=1).sum(dim=1)
+    if cap is not None:
+        accepted = torch.minimum(accepted, cap)
     return accepted, target.gather(1, accepted[:, None]).squeeze(1), target
 
 
@@ -172,12 +175,21 @@ class SpecExtra(_ChainedExtra):
 
 class ProposalExtra(_ChainedExtra):
     """The host copy of which requests' proposer found something to propose (n-gram: a
-    match), chained with the step's other extras: a request without one is not verified
-    next step (as vLLM's n-gram proposer, which proposes nothing then)."""
+    match; None for a draft model, which always proposes), chained with the step's other
+    extras: a request without one is not verified next step (as vLLM's n-gram proposer,
+    which proposes nothing then). ``proposals`` [len(req_ids), k], copied only when a
+    structured-output request proposed: its next step's masks walk them on the host."""
 
-    def __init__(self, req_ids: list[str], matched: torch.Tensor, inner=None) -> None:
-        super().__init__({"spec.matched": matched}, inner)
+    def __init__(self, req_ids: list[str], matched: torch.Tensor | None, proposals: torch.Tensor | None = None,
+                 inner=None) -> None:
+        tensors = {} if matched is None else {"spec.matched": matched}
+        if proposals is not None:
+            tensors["spec.proposals"] = proposals
+        super().__init__(tensors, inner)
         self.req_ids = req_ids
 
     def _fill(self, out, host: dict[str, torch.Tensor]) -> None:
-        out.spec_matched.update(zip(self.req_ids, host["spec.matched"].tolist()))
+        if "spec.matched" in host:
+            out.spec_matched.update(zip(self.req_ids, host["spec.matched"].tolist()))
+        if "spec.proposals" in host:
+            out.spec_proposals.update(zip(self.req_ids, host["spec.proposals"].tolist()))

@@ -5,7 +5,10 @@ word ``t // 32`` set = token t allowed, xgrammar's layout); disallowed logits be
 The host fills the mask of step N+1 once step N's tokens are known: ``GrammarStage.prepare``
 runs after the forward of step N+1 is launched, reads step N's copy-out (the wait overlaps
 that forward on the device), advances the matchers, fills a pinned mask and copies it
-non-blocking. Design and the async pipeline: docs/structured_outputs.md.
+non-blocking. A verification step (speculative decoding) gets 1 + k masks per grammar
+request, one per position, walked through its proposals (``GrammarRequest.fill_verification``),
+and leaves in ``caps`` how many proposals each may keep. Design and the async pipeline:
+docs/structured_outputs.md.
 """
 from __future__ import annotations
 
@@ -48,8 +51,10 @@ class GrammarStage(Stage):
         self.num_prompt = [0] * num_rows
         self.use_triton = use_triton
         self._pending: tuple[Any, list[tuple[Any, int, int]]] | None = None
-        self._words = 0
         self._host: torch.Tensor | None = None
+        self._counts: list[int] | None = None
+        self._req_of: dict[int, int] = {}
+        self.caps: torch.Tensor | None = None
 
     def add_request(self, row: int, req: NewRequest) -> None:
         g = getattr(req, "structured_output", None)
@@ -82,30 +87,50 @@ class GrammarStage(Stage):
         sampled = dict(zip(result.req_ids, result.sampled_token_ids))
         for g, index, req_id in entries:
             tok = sampled.get(req_id)
-            if tok is not None and tok >= 0:
-                g.feed(index, tok)
+            if tok is None or tok < 0:
+                continue
+            tokens = result.spec_token_ids.get(req_id, []) + [tok]  # kept proposals, then the sample
+            for j, t in enumerate(tokens):
+                g.feed(index + j, t)
+            props = result.spec_proposals.get(req_id)
+            if props is not None:
+                g.note_proposals(index + len(tokens), props)
+
+    def begin_verification(self, counts: list[int]) -> None:
+        """The next ``prepare`` is a verification view: request i (of the step's batch) has
+        1 + counts[i] consecutive logits rows. ``prepare`` then leaves in ``caps`` how many
+        proposals each request may keep (None: no grammar row verifies)."""
+        self._counts = counts
+        self.caps = None
 
     def prepare(self, step: Step, vocab: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        counts, self._counts = self._counts, None
         users = self.in_batch(step)
         self._step_entries = []
         if not users:
             return None
         self._feed_pending()
+        groups = [(i, 0) for i in users] if counts is None else self._groups(step, counts)
         words = -(-vocab // 32)
-        if self._host is None or self._host.shape[1] != words or self._host.shape[0] < len(users):
-            self._host = torch.empty((max(len(users), 8), words), dtype=torch.int32,
+        need = sum(1 + k for _, k in groups)
+        if self._host is None or self._host.shape[1] != words or self._host.shape[0] < need:
+            self._host = torch.empty((max(need, 8), words), dtype=torch.int32,
                                      pin_memory=self.device.type == "cuda")
-        positions = []
-        for i in users:
+        positions: list[int] = []
+        caps = list(counts) if counts is not None else None
+        for i, k in groups:
             g = self.grammar[step.rows[i]]
-            if g is None:
+            # a decode row samples output index num_fed; the host's count is a bound under async
+            # speculation (in-flight proposals counted as kept). Below it: a prefill chunk
+            # before the end of the known tokens, whose sample is not real
+            if g is None or self._out_index(step, i) < g.num_fed:
                 continue
-            index = self._out_index(step, i)
-            self._step_entries.append((g, index, step.batch.req_ids[i]))
-            if index != g.num_fed:  # a prefill chunk before the end of the known tokens: no real sample
-                continue
-            if g.fill(self._host, len(positions)):
-                positions.append(i)
+            self._step_entries.append((g, g.num_fed, step.batch.req_ids[i]))
+            filled = g.fill_verification(self._host, len(positions), k)  # k = 0: the decode mask
+            positions.extend(range(i, i + filled))
+            if caps is not None and filled:
+                caps[self._req_of[i]] = filled - 1
+        self._publish_caps(caps, counts)
         if not positions:
             return None
         mask = self._host[: len(positions)]
@@ -113,6 +138,20 @@ class GrammarStage(Stage):
         if self.device.type == "cuda":
             return mask.to(self.device, non_blocking=True), host_to_device(rows, self.device)
         return mask.clone(), rows
+
+    def _groups(self, step: Step, counts: list[int]) -> list[tuple[int, int]]:
+        """(first logits row, k) of each verifying request that has a grammar."""
+        self._req_of, groups, first = {}, [], 0
+        for req, k in enumerate(counts):
+            if self.grammar[step.rows[first]] is not None:
+                groups.append((first, k))
+                self._req_of[first] = req
+            first += 1 + k
+        return groups
+
+    def _publish_caps(self, caps: list[int] | None, counts: list[int] | None) -> None:
+        if caps is not None and caps != list(counts):
+            self.caps = host_to_device(torch.tensor(caps, dtype=torch.int64), self.device)
 
     def track(self, handle: Any) -> None:
         """The copy-out of the step just launched: its grammar rows' tokens are fed next step."""

@@ -5,7 +5,9 @@ pool (cached by kind + spec + options: one tokenizer per manager) and returns a
 ``GrammarRequest``: the scheduler keeps the request waiting until ``ready()`` (vLLM's
 WAITING_FOR_FSM); the matcher is advanced on the host, by output index, from whichever side
 learns a token first (the runner, reading the previous step's copy-out before it samples the
-next step, or the scheduler's ``sync``), so each token is accepted exactly once.
+next step, or the scheduler's ``sync``), so each token is accepted exactly once. Under
+speculative decoding ``fill_verification`` advances the matcher through a step's proposals to
+build one mask per verification position and rolls it back (docs/structured_outputs.md).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ class GrammarRequest:
         self._matcher: Any = None
         self.num_fed = 0
         self.failed: str | None = None
+        # speculative decoding: the latest proposals (output index of the first, tokens)
+        self.proposals: tuple[int, list[int]] | None = None
 
     def __reduce__(self):  # tensor-parallel workers get None: rank 0 samples, its tokens are broadcast
         return (_detached, ())
@@ -88,8 +92,13 @@ class GrammarRequest:
         """Preemption / resume: start over and replay the known output."""
         if self._matcher is not None:
             self._matcher.reset()
-        self.num_fed, self.failed = 0, None
+        self.num_fed, self.failed, self.proposals = 0, None, None
         self.sync(output_ids)
+
+    def note_proposals(self, start: int, tokens: list[int]) -> None:
+        """The proposer's tokens for output indices ``start``, ``start + 1``, ... (the next
+        verification step reads them from the token table; the host learns them here)."""
+        self.proposals = (start, list(tokens))
 
     def fill(self, bitmask: torch.Tensor, row: int) -> bool:
         """Write the allowed next tokens into ``bitmask[row]``; False if the row needs no mask."""
@@ -97,6 +106,32 @@ class GrammarRequest:
             return False
         self.matcher.fill_next_token_bitmask(bitmask, row)
         return True
+
+    def fill_verification(self, bitmask: torch.Tensor, row: int, k: int) -> int:
+        """Masks for a step verifying ``k`` proposals, in ``bitmask[row:]``: the mask of the
+        first position, then, walking the proposals on the matcher, one more after each
+        proposal it accepts; then the matcher is rolled back to where it was (the tokens
+        the step keeps are fed as any others). Returns how many masks were written (0: the
+        row needs none); the step may keep at most that many minus one proposals. The walk
+        stops at a proposal the grammar refuses (the masked sample at its position cannot
+        equal it, so it would be rejected anyway), at one that completes the grammar (the
+        sample at its position may still take it, as without speculation; nothing may
+        follow it) and where the proposals are not known (then none is kept)."""
+        if not self.fill(bitmask, row):
+            return 0
+        known = self.proposals[1] if self.proposals is not None and self.proposals[0] == self.num_fed else []
+        walked = 0
+        for token in known[:k]:
+            if not self.matcher.accept_token(int(token)):
+                break
+            walked += 1
+            if self.matcher.is_terminated():
+                break
+            self.matcher.fill_next_token_bitmask(bitmask, row + walked)
+        filled = walked + 1 - int(walked > 0 and self.matcher.is_terminated())
+        if walked:
+            self.matcher.rollback(walked)
+        return filled
 
 
 class StructuredOutputManager:
