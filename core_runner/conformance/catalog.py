@@ -27,11 +27,16 @@ class Check:
     capability: str | None = None
     gpu: bool = False  # needs a CUDA device (tier gpu)
     task: str | None = "generate"  # the task a registration must serve (None: any)
+    also_tasks: tuple[str, ...] = ()  # registrations serving one of these get the check too
+
+    def applies_to(self, tasks: tuple[str, ...] | list[str]) -> bool:
+        return self.task is None or any(t in tasks for t in (self.task, *self.also_tasks))
 
 
 def _c(id: str, scope: str, func: str, statement: str, **kw) -> Check:
     group = {"REG": "registration", "STATE": "state", "EQ": "equivalence", "BOUND": "bounds",
-             "TP": "equivalence", "SPEC": "equivalence"}[id.split("-")[1]]
+             "TP": "equivalence", "SPEC": "equivalence", "SO": "equivalence",
+             "LP": "equivalence"}[id.split("-")[1]]
     if group == "registration":
         kw.setdefault("task", None)
     return Check(id=id, group=group, scope=scope, statement=statement, func=func, **kw)
@@ -123,6 +128,13 @@ CHECKS: tuple[Check, ...] = (
        "chunks of 5 and 7 tokens where supported, rows freed by longer requests) and, for a model that also "
        "classifies, in one batch mixing reward and classify requests, each with its task's default activation "
        "(CR-EQ-15 runs the same mix).", task="reward"),
+    _c("CR-EQ-17", "example", "checks_score:scores_match_reference",
+       "LLM.score(text_1, text_2) equals the reference within 1e-5 (float32): for a cross-encoder the classifier's "
+       "sigmoid of its one logit on the pair encoded by the checkpoint's tokenizer with its pair template and token "
+       "types (raw logits within 1e-4), for an embedding model the cosine of the two texts' reference embeddings; "
+       "1 vs N and N vs N pairings of texts of mixed lengths, under chunked prefill at budgets of 5 and 7 tokens "
+       "(where supported); a classifier of several labels is refused naming num_labels.",
+       task="score", also_tasks=("embed",)),
     _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
        "Field sensitivity: every field of the reference config (numbers, bools, strings with the values the "
        "reference's source compares them with, lists of layer kinds or indices, nested RoPE parameters and kinds, "
