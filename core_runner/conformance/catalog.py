@@ -178,6 +178,11 @@ CHECKS: tuple[Check, ...] = (
        "random weights from the example's config), CR-SPEC-01's workload gives the same tokens and logits as "
        "without speculation, under chunked prefill and a preemption; proposals were made. Not applicable to a "
        "family without one.", capability="speculative_decoding"),
+    _c("CR-SO-01", "example", "checks_grammar:grammars_hold",
+       "Structured outputs: greedy requests constrained by a JSON schema, a regex, a choice and json_object, in "
+       "one batch with requests without a grammar, give outputs that parse and validate (a json_object output cut "
+       "by max_tokens only a prefix the grammar accepts), and every request, with or without a grammar, gets the "
+       "tokens it gets alone."),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),
