@@ -183,6 +183,12 @@ CHECKS: tuple[Check, ...] = (
        "one batch with requests without a grammar, give outputs that parse and validate (a json_object output cut "
        "by max_tokens only a prefix the grammar accepts), and every request, with or without a grammar, gets the "
        "tokens it gets alone."),
+    _c("CR-LP-01", "example", "checks_processors:processors_batch_invariant",
+       "Logits processors are batch invariant: with a processor the suite registers through the public "
+       "LogitsProcessor contract (per-request extra_args; its edit depends on the row's output so far) and every "
+       "installed one, greedy and seeded requests with and without arguments get the tokens they get alone in a "
+       "batch whose rows finish, are added while it runs and are preempted (chunked prefill where supported), and "
+       "greedy requests with arguments get the reference's greedy tokens under the same edit."),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),
