@@ -12,7 +12,8 @@ pooled as the engine's default pooling type, and the cosine of the two vectors.
 
 Pairings: one text_1 against N texts_2 and N against N, texts of mixed lengths in one call,
 and, where chunked prefill is supported, step budgets of 5 and 7 tokens that put chunk ends
-inside the pairs. A classifier of several labels must be refused by ``LLM.score`` naming
+inside the pairs (activated scores only: the raw logits are compared in one-step runs). A
+classifier of several labels must be refused by ``LLM.score`` naming
 ``num_labels`` (it has no single score).
 """
 from __future__ import annotations
@@ -99,7 +100,7 @@ def _run_all(ctx: Ctx, reference: Any, kind: str) -> None:
     for where, opts in runs:
         llm = ctx.llm(**NO_CACHE, **opts)
         for name, a, b in _pairings():
-            for activate in ((True, False) if cross else (True,)):
+            for activate in ((True, False) if cross and not opts else (True,)):  # raw logits: once
                 params = None if activate else PoolingParams(use_activation=False)
                 watch = _Watch(llm.engine)
                 try:
