@@ -132,7 +132,7 @@ def processors_batch_invariant(ctx: Ctx) -> None:
                    preempt=f"{PREEMPTED}'")
     if mixed[f"{PREEMPTED}'"].num_preemptions < 1:
         fail(f"setup: request {PREEMPTED} reports no preemption")
-    for rid, p, f in work:
+    for rid, _p, f in work:
         got, want = list(mixed[f"{rid}'"].token_ids), list(alone[rid].token_ids)
         args = "with" if KEY in f.get("extra_args", {}) else "without"
         where = (f"request {rid} ({args} processor arguments, {'greedy' if f['temperature'] == 0 else 'seeded'}) "
