@@ -28,11 +28,16 @@ class Check:
     capability: str | None = None
     gpu: bool = False  # needs a CUDA device (tier gpu)
     task: str | None = "generate"  # the task a registration must serve (None: any)
+    also_tasks: tuple[str, ...] = ()  # registrations serving one of these get the check too
+
+    def applies_to(self, tasks: tuple[str, ...] | list[str]) -> bool:
+        return self.task is None or any(t in tasks for t in (self.task, *self.also_tasks))
 
 
 def _c(id: str, scope: str, func: str, statement: str, **kw) -> Check:
     group = {"REG": "registration", "STATE": "state", "EQ": "equivalence", "BOUND": "bounds",
-             "TP": "equivalence", "SPEC": "equivalence"}[id.split("-")[1]]
+             "TP": "equivalence", "SPEC": "equivalence", "SO": "equivalence",
+             "LP": "equivalence"}[id.split("-")[1]]
     if group == "registration":
         kw.setdefault("task", None)
     return Check(id=id, group=group, scope=scope, statement=statement, func=func, **kw)
@@ -124,6 +129,13 @@ CHECKS: tuple[Check, ...] = (
        "chunks of 5 and 7 tokens where supported, rows freed by longer requests) and, for a model that also "
        "classifies, in one batch mixing reward and classify requests, each with its task's default activation "
        "(CR-EQ-15 runs the same mix).", task="reward"),
+    _c("CR-EQ-17", "example", "checks_score:scores_match_reference",
+       "LLM.score(text_1, text_2) equals the reference within 1e-5 (float32): for a cross-encoder the classifier's "
+       "sigmoid of its one logit on the pair encoded by the checkpoint's tokenizer with its pair template and token "
+       "types (raw logits within 1e-4), for an embedding model the cosine of the two texts' reference embeddings; "
+       "1 vs N and N vs N pairings of texts of mixed lengths, under chunked prefill at budgets of 5 and 7 tokens "
+       "(where supported); a classifier of several labels is refused naming num_labels.",
+       task="score", also_tasks=("embed",)),
     _c("CR-EQ-12", "example", f"{_V}:perturbed_config_fields",
        "Field sensitivity: every field of the reference config (numbers, bools, strings with the values the "
        "reference's source compares them with, lists of layer kinds or indices, nested RoPE parameters and kinds, "
@@ -176,6 +188,17 @@ CHECKS: tuple[Check, ...] = (
        "random weights from the example's config), CR-SPEC-01's workload gives the same tokens and logits as "
        "without speculation, under chunked prefill and a preemption; proposals were made. Not applicable to a "
        "family without one.", capability="speculative_decoding"),
+    _c("CR-SO-01", "example", "checks_grammar:grammars_hold",
+       "Structured outputs: greedy requests constrained by a JSON schema, a regex, a choice and json_object, in "
+       "one batch with requests without a grammar, give outputs that parse and validate (a json_object output cut "
+       "by max_tokens only a prefix the grammar accepts), and every request, with or without a grammar, gets the "
+       "tokens it gets alone."),
+    _c("CR-LP-01", "example", "checks_processors:processors_batch_invariant",
+       "Logits processors are batch invariant: with a processor the suite registers through the public "
+       "LogitsProcessor contract (per-request extra_args; its edit depends on the row's output so far) and every "
+       "installed one, greedy and seeded requests with and without arguments get the tokens they get alone in a "
+       "batch whose rows finish, are added while it runs and are preempted (chunked prefill where supported), and "
+       "greedy requests with arguments get the reference's greedy tokens under the same edit."),
     _c("CR-BOUND-01", "example", f"{_B}:scheduler_limits_around_max_model_len",
        "Step budgets above, equal to and below max_model_len give the reference output (below needs chunked "
        "prefill and is otherwise rejected at config time)."),

@@ -349,6 +349,11 @@ def _tokenizer(ctx: Ctx) -> str:
     if e.tokenizer is None:
         expect_raises(lambda: e.add_request("hello world", greedy(1)), ValueError, "a text prompt without a tokenizer",
                       match="tokenizer")
+    else:  # the suite's checkpoints carry one (conformance/tokenizer.py): text goes through it
+        want = ctx.ref.tokenizer()("hello world")["input_ids"]
+        got = run(e, [("c", "hello world", greedy(1))])["c"].prompt_token_ids
+        if list(got) != list(want):
+            fail(f"the checkpoint's tokenizer encodes 'hello world' as {want}, the engine as {list(got)}")
     e = ctx.engine(tokenizer=_tiny_tokenizer(ctx.ref.vocab))
     out = run(e, [("t", "hello core runner", greedy(2))])["t"]
     if out.prompt_token_ids != [4, 6, 7]:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from core_runner.conformance.quantized import fp8_block_size, write_fp8_checkpoint
+from core_runner.conformance.tokenizer import write_tokenizer
 from core_runner.registry import Registration, import_string
 
 DEFAULT_INIT_RANGE = 0.15  # wider than HF's 0.02: no near-ties, varied greedy continuations
@@ -152,6 +153,14 @@ class Reference:
             self._path = self._save()
         return self._path
 
+    def tokenizer(self) -> Any | None:
+        """The checkpoint's tokenizer as transformers loads it (None: the checkpoint has none)."""
+        if not hasattr(self, "_tokenizer"):
+            from core_runner.loader.config import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self.path)
+        return self._tokenizer
+
     def _save(self) -> Path:
         reg, example = self.registration, self.example
         safe = re.sub(r"[^A-Za-z0-9_.=~+-]+", "_", example.name)[:120]
@@ -169,6 +178,8 @@ class Reference:
         cfg = json.loads(cfg_file.read_text())
         cfg["architectures"] = [reg.architecture]  # the engine picks the plugin by this name
         cfg_file.write_text(json.dumps(cfg, indent=2))
+        # text for the checks that need it (score pairs, grammars); the same files for both sides
+        self.has_tokenizer = write_tokenizer(path, self.model.config)
         block = fp8_block_size(example.config)
         if block is not None:
             self.model = write_fp8_checkpoint(path, reference_class(reg), block)

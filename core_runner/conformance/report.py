@@ -87,8 +87,8 @@ def task_matrix(session: Any, records: list[dict]) -> dict:
     for reg in session.registrations:
         row = {}
         for task in reg.tasks:
-            recs = [r for r in records if r["architecture"] == reg.architecture
-                    and getattr(BY_ID.get(r["id"]), "task", None) == task]
+            recs = [r for r in records if r["architecture"] == reg.architecture and r["id"] in BY_ID
+                    and task in (BY_ID[r["id"]].task, *BY_ID[r["id"]].also_tasks)]
             row[task] = {"checks": sorted({r["name"] for r in recs}), "observed": _observe("supported", recs)}
         out[reg.architecture] = row
     return out

@@ -148,7 +148,7 @@ class ConformanceSession:
                         continue
                     examples = [Example("checkpoint", {})]
                 skip = None
-                if check.task is not None and check.task not in reg.tasks:
+                if not check.applies_to(reg.tasks):
                     if check.task != "generate":
                         continue  # a check of another task: not generated at all
                     skip = f"not run: this suite version checks task 'generate', {reg.architecture} serves {reg.tasks}"
