@@ -31,6 +31,7 @@ from core_runner.layers.fused_moe import (
     stacked_expert_name,
     swigluoai_ref,
 )
+from core_runner.layers.fused_moe_fp8 import fused_moe_fp8_ref, quant_dequant_rows
 from core_runner.layers.gelu import GELU, gelu_from_name
 from core_runner.layers.layernorm import LayerNorm
 from core_runner.layers.linear import (
@@ -70,7 +71,8 @@ __all__ = [
     "QKVParallelLinear", "ReplicatedLinear", "RowParallelLinear", "tensor_model_parallel_all_gather",
     "tensor_model_parallel_all_reduce", "VocabParallelEmbedding",
     "act_and_mul", "Attention", "cos_sin_of", "default_inv_freq", "default_weight_loader", "DepthwiseConv1d",
-    "expert_packed_mapping", "fused_moe_ref", "FusedMoE", "GATED_ACTIVATIONS", "GatedMLP", "GatedRMSNorm", "GELU",
+    "expert_packed_mapping", "fused_moe_fp8_ref", "fused_moe_ref", "FusedMoE", "GATED_ACTIVATIONS", "GatedMLP",
+    "GatedRMSNorm", "GELU",
     "GeluAndMul", "GemmaRMSNorm", "gelu_from_name", "get_rope",
     "check_expert_groups", "grouped_topk_v2", "grouped_topk_v3", "LayerNorm", "Linear", "LMHead", "Mamba2Mixer",
     "MergedLinear",
@@ -78,5 +80,5 @@ __all__ = [
     "RotaryEmbedding", "SiluAndMul", "softmax_topk", "stacked_expert_name", "swigluoai_ref", "VocabEmbedding",
     "yarn_get_mscale", "yarn_softmax_scale",
     "AuxHiddenStates", "check_aux_layers", "DecoderAttention", "DecoderStack", "eagle3_default_layers",
-    "PreNormDecoderLayer", "CausalLM", "QKV_GATE_UP_PACKED",
+    "PreNormDecoderLayer", "CausalLM", "QKV_GATE_UP_PACKED", "quant_dequant_rows",
 ]
