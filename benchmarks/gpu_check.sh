@@ -21,6 +21,7 @@
 #             CUDA graphs, 4096 / 8192 eager; FP8_MOE_TOKENS (env) narrows)  -> fp8_moe.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
+#   embedprof the embed stage under cProfile (host time of 2,048 sentences; printed only)
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
 #   smoke     fp8 kernel tests + quantization mismatches, prefix cache / ngram equality on CUDA
 #   biggraphs prefill steps replayed from CUDA graphs: the GPU test, then W1 W2 with
