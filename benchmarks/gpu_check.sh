@@ -2,7 +2,12 @@
 # Run the GPU checks and benchmarks in one go; logs and JSON results go to LOGDIR.
 #   benchmarks/gpu_check.sh LOGDIR [STAGE ...] [--quick] [--peer W1 W2] [--family-peer]
 # Stages (default: all, in this order):
-#   tests     every gpu-marked test plus tests/kernels on the GPU        -> tests.log
+#   tests     the union of tests-kernels and tests-gpu (each with its own limit)
+#   tests-kernels  tests/kernels on the GPU, pytest-xdist -n TEST_WORKERS (4) when installed, 240 s  -> tests_kernels.log
+#   tests-gpu every gpu-marked test file (tests/test_*.py), -n TEST_WORKERS_GPU (2), 240 s       -> tests_gpu.log
+#             (GPU_TESTS (env) narrows either to the paths / node ids given; the tests use fixed small KV
+#             pools and no fixed ports or files, so workers only share the GPU and Triton's cache; the bench
+#             stages' own GPU tests, tests/test_bench_*.py, run only when GPU_TESTS names them)
 #   sampler   core-runner bench --sampler                               -> sampler.json
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
 #   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
@@ -16,6 +21,7 @@
 #             CUDA graphs, 4096 / 8192 eager; FP8_MOE_TOKENS (env) narrows)  -> fp8_moe.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
 #   embed     all-MiniLM-L6-v2 sentences/s vs transformers (weights in .minilm16, carried)
+#   embedprof the embed stage under cProfile (host time of 2,048 sentences; printed only)
 #   w3        core-runner bench W3 (shared prefixes), prefix cache on vs off (Qwen3-0.6B shape) -> w3.json
 #   smoke     fp8 kernel tests + quantization mismatches, prefix cache / ngram equality on CUDA
 #   biggraphs prefill steps replayed from CUDA graphs: the GPU test, then W1 W2 with
@@ -30,6 +36,25 @@
 #             off vs MTP k=1 on the deepseek-v3-mtp shape (random weights, first SPEC_MTP_N (128)
 #             requests) -> spec_mtp.json; then tests/test_spec_gpu.py -> spec_tests.log. SPEC_PARTS
 #             (env) runs some of the three: ngram, mtp, tests
+#   --- issue 41 figures (each ~1-2.5 min on an H200; random / dummy weights, nothing to carry but .wheels for so)
+#   fp8w      Qwen3-0.6B shape: bf16 W1 W2, block-fp8 weights resident (qwen3-0.6b-fp8, [128,128]) W1 W2, and
+#             --kv-cache-dtype fp8 W1; ratios to bf16 (fp8 KV W1 target >= 1.3x), fp8 layers  -> fp8w.json
+#             (FP8W_N (env): --num-requests, FP8W_PARTS: some of bf16 fp8w fp8kv)
+#   so        W2 with a JSON schema on every request vs without, one engine (synthetic byte-level tokenizer):
+#             TPOT p50 ratio (target <= 1.15x), tok/s, finish reasons, parsed fraction          -> so.json
+#             needs xgrammar: installed from a carried .wheels/ when the image lacks it; download with
+#             pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp
+#               --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
+#               -d .wheels xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.13.4 pydantic_core==2.46.4
+#               annotated-types==0.7.0 typing-inspection==0.4.2   (SO_N (env): --num-requests)
+#   gemma3    gemma-3-1b shape (dummy), window GEMMA3_WINDOW (1024), 128 requests of 8,192 tokens: KV held vs
+#             local x min(ctx, window) + global x ctx, pure-decode tok/s vs roofline               -> gemma3.json
+#   w3granite W3 on the granite-4.0-h-350m checkpoint (written as for granite), prefix cache on vs off  -> w3granite.json
+#             (W3G_N (env): --num-requests)
+#   rerank    ms-marco-MiniLM-L-6-v2-shaped cross-encoder (random fp16): LLM.score vs transformers pairs/s on
+#             2,048 pairs (target >= 3x)                                                      -> rerank.json
+#   mamba2    mamba2-780m shape (dummy bf16), W1 vs roofline (weights + state read and written per row and step),
+#             prefix cache off, --max-num-seqs MAMBA2_SEQS (512)                                -> mamba2.json
 # Everything printed also goes to bench.log; at most 8 files come back from the device.
 set -uo pipefail
 LOG=${1:?usage: gpu_check.sh LOGDIR [STAGE ...] [--quick] [--peer W1 W2] [--family-peer]}
@@ -64,13 +89,20 @@ CKPT=/tmp/cr_ckpt; mkdir -p $CKPT
 say() { echo "=== $* ($(date +%T))" | tee -a "$LOG/bench.log"; }
 for s in "${STAGES[@]}"; do
   case $s in
-    tests)
-      say tests
-      # GPU_TESTS (env) narrows the run to some test paths
-      paths=${GPU_TESTS:-"tests/kernels tests/test_gpu_runner.py tests/test_pooling_gpu.py $(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_gpu_runner -e test_pooling_gpu)"}
-      timeout 300 python3 -m pytest -q -o faulthandler_timeout=120 --durations=10 -p no:cacheprovider \
-        -m "gpu or not gpu" $paths \
-        2>&1 | tee "$LOG/tests.log" | grep -v -i warning | tail -40;;
+    tests|tests-kernels|tests-gpu)
+      parts=("$s"); [ "$s" = tests ] && parts=(tests-kernels tests-gpu)
+      for part in "${parts[@]}"; do
+        say "$part"
+        if [ "$part" = tests-kernels ]; then
+          paths=${GPU_TESTS:-tests/kernels}; W=${TEST_WORKERS:-4}
+        else
+          paths=${GPU_TESTS:-"tests/test_gpu_runner.py tests/test_pooling_gpu.py $(grep -l "mark.gpu" tests/test_*.py | grep -v -e test_gpu_runner -e test_pooling_gpu -e test_bench_)"}
+          W=${TEST_WORKERS_GPU:-2}
+        fi
+        XD=(); python3 -c "import xdist" 2>/dev/null && [ "$W" -gt 1 ] && XD=(-n "$W")
+        timeout 240 python3 -m pytest -q -o faulthandler_timeout=120 --durations=10 -p no:cacheprovider "${XD[@]}" \
+          -m "gpu or not gpu" $paths 2>&1 | tee "$LOG/${part//-/_}.log" | grep -v -i warning | tail -30
+      done;;
     sampler)
       say sampler
       timeout 400 python3 -m core_runner.cli bench --sampler --json "$LOG/sampler.json" 2>&1 | tee -a "$LOG/bench.log" | tail -15;;
@@ -176,6 +208,35 @@ for s in "${STAGES[@]}"; do
         tests/kernels/test_fused_moe_fp8_layer.py 2>&1 | tail -4 | tee -a "$LOG/bench.log"
       timeout 420 python3 benchmarks/fp8_moe_bench.py ${FP8_MOE_TOKENS:+--tokens $FP8_MOE_TOKENS} \
         --json "$LOG/fp8_moe.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -14;;
+    fp8w)
+      say fp8w: Qwen3-0.6B shape, bf16 vs fp8 weights W1 W2, fp8 KV W1
+      timeout 200 python3 benchmarks/fp8w_bench.py ${FP8W_N:+--num-requests $FP8W_N} ${FP8W_PARTS:+--parts $FP8W_PARTS} \
+        --json "$LOG/fp8w.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -12;;
+    so)
+      say so: W2 with a JSON schema vs without
+      python3 -c "import xgrammar" 2>/dev/null || python3 -m pip install -q --no-index --find-links .wheels xgrammar \
+        >>"$LOG/env.log" 2>&1 || echo "xgrammar missing and not installable from .wheels (see env.log)"
+      timeout 200 python3 benchmarks/so_bench.py ${SO_N:+--num-requests $SO_N} --json "$LOG/so.json" 2>&1 \
+        | tee -a "$LOG/bench.log" | grep -v Warning | tail -6;;
+    gemma3)
+      say gemma3: gemma-3-1b shape, 8,192-token contexts, window ${GEMMA3_WINDOW:-1024}
+      timeout 200 python3 benchmarks/gemma3_bench.py --window ${GEMMA3_WINDOW:-1024} --json "$LOG/gemma3.json" 2>&1 \
+        | tee -a "$LOG/bench.log" | grep -v Warning | tail -6;;
+    w3granite)
+      say w3granite: W3 on the granite-4.0-h-350m shape, prefix cache on vs off
+      [ -f $CKPT/granite/config.json ] || timeout 120 python3 -m core_runner_granite_hybrid.bench $CKPT/granite 2>&1 | tail -2
+      timeout 240 python3 -m core_runner.cli bench --model $CKPT/granite --workload W3 --prefix-caching on off \
+        ${W3G_N:+--num-requests $W3G_N} "${N[@]}" --json "$LOG/w3granite.json" 2>&1 | tee -a "$LOG/bench.log" \
+        | grep -v Warning | tail -16;;
+    rerank)
+      say rerank: cross-encoder pairs/s, LLM.score vs transformers
+      timeout 150 python3 benchmarks/rerank_bench.py --json "$LOG/rerank.json" 2>&1 | tee -a "$LOG/bench.log" \
+        | grep -v -e Warning -e "Writing model" -e "Loading weights" | tail -4;;
+    mamba2)
+      say mamba2: mamba2-780m shape W1 vs roofline
+      timeout 200 python3 -m core_runner.cli bench --load-format dummy --shape mamba2-780m --workload W1 \
+        --prefix-caching off --max-num-seqs ${MAMBA2_SEQS:-512} "${N[@]}" --json "$LOG/mamba2.json" 2>&1 \
+        | tee -a "$LOG/bench.log" | grep -v Warning | tail -12;;
     conformance)
       say conformance GPU checks
       for ep in qwen3 granite_hybrid deepseek llama_template pooling mistral gemma gpt_oss mamba; do

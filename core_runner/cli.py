@@ -364,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "DeepSeek-V3's architecture and per-layer dims (MLA q_lora 1536 / kv_lora 512 / rope 64, "
                         "noaux_tc routing over 8 groups top-4, top-8 experts of 2048, 1 shared, first 3 layers "
                         "dense, 1 MTP layer) shrunk to 12 layers (of 61) and 32 routed experts (of 256), bf16: "
-                        "~40 GB with the MTP layer (core_runner/bench/shapes.py)")
+                        "~40 GB with the MTP layer; qwen3-0.6b-fp8: block fp8 weights resident; gemma-3-1b, "
+                        "mamba2-780m: published sizes (core_runner/bench/shapes.py)")
     b.add_argument("--enable-expert-parallel", action="store_true")
     b.add_argument("--profile-steps", type=int, default=0, help="profile N decode steps for GPU idle time")
     b.add_argument("--peer", nargs="*", default=None, choices=["W1", "W2"],

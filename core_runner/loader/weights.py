@@ -140,15 +140,15 @@ def build_model(
     prev = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
-        # layers that keep fp8 weights allocate them now (dummy weights: the dense model)
-        with torch.device(device), building_for(quantization if load_format != "dummy" else None):
+        # layers that keep fp8 weights allocate them now (dummy weights too: random fp8 + scales)
+        with torch.device(device), building_for(quantization):
             model = model_cls(hf_config)
     finally:
         torch.set_default_dtype(prev)
     if load_format == "dummy":
         from core_runner.loader.dummy import fill_dummy_weights
 
-        fill_dummy_weights(model, seed)
+        fill_dummy_weights(model, seed, getattr(hf_config, "quantization_config", None))
     else:
         load_weights(model, path, transform, quantization)
     return model.eval()
