@@ -105,10 +105,10 @@ def test_undeclared_method_is_refused_inside_cr_eq_18(single_torch_thread):
     assert any("3 unsupported schemes refused" in n for n in case["notes"]), case["notes"]
 
 
-def test_fp8_lm_head_loads_dequantized_and_matches(tmp_path, single_torch_thread):
-    """A checkpoint that quantizes lm_head too (the published ones do not): the head is kept
-    dense (ParallelLMHead, dequantized at load, docs/quantization.md), the projections fp8,
-    and the logits are the reference's on the dequantized weights."""
+def test_fp8_lm_head_stays_resident_and_matches(tmp_path, single_torch_thread):
+    """A checkpoint that quantizes lm_head too (the published ones do not): the head keeps its
+    fp8 values and scales (ParallelLMHead, docs/quantization.md) as the projections do, and
+    the logits are the reference's on the dequantized weights."""
     import re
 
     from core_runner.layers import is_fp8
@@ -120,8 +120,11 @@ def test_fp8_lm_head_loads_dequantized_and_matches(tmp_path, single_torch_thread
     assert "lm_head.weight" in names and _tensors(path)["lm_head.weight"].dtype == torch.float8_e4m3fn
     llm = LLM(str(path), device="cpu", dtype="float32", max_model_len=64, max_num_seqs=2, num_kv_blocks=32)
     m = llm.engine.debug.model
-    assert m.lm_head.weight.dtype == torch.float32 and is_fp8(m.model.layers[0].self_attn.o_proj)
-    assert torch.equal(m.lm_head.weight, model.lm_head.weight)
+    from core_runner.layers import dense_weight
+
+    assert is_fp8(m.lm_head) and m.lm_head.weight.dtype == torch.float8_e4m3fn
+    assert is_fp8(m.model.layers[0].self_attn.o_proj)
+    assert torch.equal(dense_weight(m.lm_head), model.lm_head.weight)
     ref = base.with_checkpoint(model, path)
     prompt = [5, 17, 42, 7, 99, 3]
     assert run(llm.engine, [("a", prompt, greedy(6))])["a"].token_ids == ref.greedy(prompt, 6)

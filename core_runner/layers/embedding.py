@@ -18,6 +18,8 @@ from core_runner.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from core_runner.layers.fp8_weight import SCALE, _fp8_linear, _make_fp8_resident, is_fp8
+from core_runner.layers.fp8_weight import _load_rows as _load_fp8_rows
 from core_runner.layers.linear import copy_into
 
 
@@ -46,7 +48,10 @@ class VocabParallelEmbedding(nn.Module):
         if mine < param.shape[0]:
             param.data[mine:].zero_()
         if mine > 0:
-            copy_into(param.data[:mine], loaded.narrow(0, self.start, mine) if self.tp_size > 1 else loaded)
+            self._load_rows(param, loaded.narrow(0, self.start, mine) if self.tp_size > 1 else loaded, mine)
+
+    def _load_rows(self, param: nn.Parameter, loaded, mine: int) -> None:
+        copy_into(param.data[:mine], loaded)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         ids = input_ids.long()
@@ -61,16 +66,30 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states [T, embedding_dim] to logits [T, num_embeddings], every rank
     getting all of them; its weight is split as the embedding's, or is the embedding's
-    own (``tied_to``)."""
+    own (``tied_to``).
+
+    Built for a quantized checkpoint, an untied head keeps fp8 weights resident as the linear
+    layers do (``layers.fp8_weight``: the W8A8 kernel under Triton, dequantized per call
+    otherwise) when the checkpoint quantizes ``lm_head``; the published fp8 checkpoints leave
+    it unquantized, and an unquantized tensor (or a rank's rows that do not start on a scale
+    block) turns the head dense at load."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int,
                  tied_to: VocabParallelEmbedding | None = None) -> None:
         super().__init__(num_embeddings, embedding_dim)
         if tied_to is not None:
             self.weight = tied_to.weight
+        elif _make_fp8_resident(self, self.weight):
+            # the last rank's padding rows hold zeros: a finite scale keeps their logits 0
+            getattr(self, SCALE).fill_(1.0)
+
+    def _load_rows(self, param: nn.Parameter, loaded, mine: int) -> None:
+        if param is self.weight and is_fp8(self):
+            return _load_fp8_rows(self, param, 0, mine, loaded, "lm_head")
+        return super()._load_rows(param, loaded, mine)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, self.weight)
+        logits = _fp8_linear(self, hidden, None) if is_fp8(self) else F.linear(hidden, self.weight)
         if self.tp_size == 1:
             return logits
         return tensor_model_parallel_all_gather(logits, dim=-1)[..., : self.num_embeddings]

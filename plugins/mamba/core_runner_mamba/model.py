@@ -77,4 +77,5 @@ class Mamba2ForCausalLM(nn.Module):
         return self.backbone(input_ids)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden.to(self.lm_head.weight.dtype))
+        # the embedding holds the model dtype (an fp8 head's weight does not)
+        return self.lm_head(hidden.to(self.backbone.embeddings.weight.dtype))
