@@ -34,6 +34,7 @@ from core_runner.engine import core_messages as M
 from core_runner.engine.api_request import ApiRequest
 from core_runner.engine.core_facts import CoreFacts
 from core_runner.engine.request_stream import Delta, RequestStream
+from core_runner.executor.multiproc import _main_module_hidden
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
@@ -127,7 +128,8 @@ class AsyncMPClient:
             target=run_engine_core, name="core-runner-engine-core",
             args=(str(model), dict(options or {}), list(logits_processors), f"ipc://{self._dir}/input",
                   f"ipc://{self._dir}/output", os.getpid(), logging.getLogger("core_runner").getEffectiveLevel()))
-        self._proc.start()
+        with _main_module_hidden():  # the core needs nothing of the caller's script (which may lack a main guard)
+            self._proc.start()
         atexit.register(self.close)  # before multiprocessing's own exit hook joins the child
         try:
             self.engine = CoreFacts(self._wait_ready(ready_timeout))
