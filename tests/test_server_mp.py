@@ -6,13 +6,16 @@ the wire, the faults (a core killed mid-stream; a checkpoint the core cannot loa
 switch. One demo core is shared by the module; the last test kills it."""
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
 import signal
 import socket
+import sys
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -21,7 +24,10 @@ import pytest
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from core_runner import LLM  # noqa: E402
+from core_runner import LLM, SamplingParams  # noqa: E402
+from core_runner.logits_processor import ENTRY_POINT_GROUP  # noqa: E402
+
+FIXTURES = Path(__file__).parent / "fixtures_lp"
 
 OPTS = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=16, num_kv_blocks=16 * 16)
 SEEDED = dict(temperature=0.8, top_p=0.9, seed=11, max_tokens=12)
@@ -49,6 +55,7 @@ class _MPServer:
         while not self.server.started:
             assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
             time.sleep(0.05)
+    assert server.llm.num_aborted - aborted == 1
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
@@ -74,8 +81,20 @@ def offline(demo, single_torch_thread):
 
 
 @pytest.fixture(scope="module")
-def server(demo):
-    s = _MPServer(demo, OPTS, served_model_name="demo")
+def server(demo, tmp_path_factory):
+    """The demo core, started with a logits processor installed by entry point (the fixture's
+    package and dist-info are on sys.path while the core spawns: it starts with the same path)."""
+    root = tmp_path_factory.mktemp("lpdist")
+    dist = root / "cr_lp_fixture-0.0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cr-lp-fixture\nVersion: 0.0.1\n")
+    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\ntarget = cr_lp_fixture:TargetTokenProcessor\n")
+    sys.path[:0] = [str(root), str(FIXTURES)]
+    try:
+        s = _MPServer(demo, OPTS, served_model_name="demo")
+    finally:
+        sys.path.remove(str(root))
+        sys.path.remove(str(FIXTURES))
     yield s
     s.stop()
 
@@ -95,9 +114,20 @@ def test_the_core_runs_in_another_process_and_the_api_process_holds_no_weights(s
     assert server.llm.engine.core_pid != os.getpid() and server.llm._proc.pid == server.llm.engine.core_pid
     assert not hasattr(server.llm.engine, "model") and server.llm.engine.tokenizer is not None
     with pytest.raises(NotImplementedError, match="CORE_RUNNER_ENABLE_MULTIPROCESSING=0"):
-        import asyncio
-
         asyncio.run(server.llm.call(lambda engine: 0))
+
+
+def test_an_entry_point_logits_processor_runs_in_the_core_with_its_extra_args(server):
+    """SamplingParams.extra_args crosses the wire; the processor the core found by entry point
+    forces the request's token (requests without the argument are the offline ones: above)."""
+    async def tokens() -> list[int]:
+        out: list[int] = []
+        params = SamplingParams(max_tokens=4, extra_args={"target_token": 42}, ignore_eos=True)
+        async for d in server.llm.generate("x", params):
+            out += d.token_ids
+        return out
+
+    assert asyncio.run(tokens()) == [42] * 4
 
 
 def test_completions_streaming_n_and_chat_equal_offline(client, offline):
@@ -179,7 +209,16 @@ def test_refusals_metrics_and_models(server, client):
     gen = [line for line in text.splitlines() if line.startswith("vllm:generation_tokens_total")]
     assert gen and float(gen[0].split()[-1]) > 0
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200
-    assert server.llm.num_requests == 0
+    # a client that gives up aborts its request in the core, which frees its row
+    aborted = server.llm.num_aborted
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", json={"prompt": "hello", "max_tokens": 240, "ignore_eos": True},
+                   timeout=httpx.Timeout(10.0, read=0.3))
+    deadline = time.monotonic() + 10
+    while server.llm.num_requests or "vllm:num_requests_running{model_name=\"demo\"} 0.0" not in \
+            httpx.get(server.url + "/metrics", timeout=10).text:
+        assert time.monotonic() < deadline, "the abandoned request still runs in the core"
+        time.sleep(0.05)
 
 
 def test_embeddings_through_the_split_equal_offline(single_torch_thread):

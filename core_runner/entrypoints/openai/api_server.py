@@ -15,7 +15,7 @@ import functools
 import logging
 import os
 from contextlib import asynccontextmanager
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -64,17 +64,21 @@ def create_app(
 
 def create_mp_app(
     model: str, engine_options: dict[str, Any] | None = None, *, served_model_name: str | None = None,
-    request_timeout: float | None = None, ready_timeout: float | None = None, **app_options: Any,
+    request_timeout: float | None = None, ready_timeout: float | None = None, logits_processors: Sequence[str] = (),
+    **app_options: Any,
 ) -> FastAPI:
     """``create_app``'s app with the engine core in its own process (docs/engine_core_process.md):
     the core is spawned and built from ``LLM(model, **engine_options)`` (the CLI's options), and
     this returns once it is ready; a core that cannot start raises its own error here. The
-    app's ``app.state.llm`` is the ``AsyncMPClient``; ``app_options`` as ``create_app``'s."""
+    app's ``app.state.llm`` is the ``AsyncMPClient``; ``logits_processors`` ("module:Class"
+    names) are built in the core with those installed by entry point; ``app_options`` as
+    ``create_app``'s."""
     from core_runner.engine.mp_client import READY_TIMEOUT_S, AsyncMPClient
 
     name = served_model_name or default_served_name(str(model))
     stats = PrometheusStats(name)
     llm = AsyncMPClient(model, engine_options, stats=stats, request_timeout=request_timeout,
+                        logits_processors=logits_processors,
                         ready_timeout=READY_TIMEOUT_S if ready_timeout is None else ready_timeout)
     try:
         return _app(llm, name, stats, **app_options)
