@@ -182,6 +182,33 @@ def test_stop_strings_are_matched_in_the_api_process(client, offline):
     assert r.choices[0].text == kept and kept.endswith(stop)
 
 
+def test_api_side_stop_strings_follow_the_schedulers_rules(offline):
+    """ApiRequest alone: a stop string cuts the text and marks the request for an abort in the
+    core; none is looked for before min_tokens; the final text of a request without stop
+    strings is its whole output decoded once."""
+    from core_runner.engine import core_messages as M
+    from core_runner.engine.api_request import ApiRequest
+
+    tok = offline.tokenizer
+    ids = tok.encode(" the cat saw the dog and the bird")
+
+    def feed(params, outputs):
+        r = ApiRequest("r", params, 3, tok, (), None)
+        return r, [r.feed(o) for o in outputs]
+
+    r, ds = feed(SamplingParams(stop=["the dog"], max_tokens=50), [M.EngineCoreOutput("r", ids)])
+    final = ds[-1]
+    assert r.cut and final.finished and final.finish_reason == "stop" and final.stop_reason == "the dog"
+    assert final.text == tok.decode(ids).split("the dog")[0] and "dog" not in tok.decode(final.token_ids[:-1])
+    r, ds = feed(SamplingParams(stop=["the dog"], min_tokens=len(ids), max_tokens=50),
+                 [M.EngineCoreOutput("r", ids[:-1]), M.EngineCoreOutput("r", ids[-1:], finish_reason="length")])
+    assert not r.cut and ds[-1].finish_reason == "length"
+    assert "".join(d.text for d in ds) == tok.decode(ids)
+    r, ds = feed(SamplingParams(max_tokens=50), [M.EngineCoreOutput("r", ids[:3]),
+                                                 M.EngineCoreOutput("r", ids[3:], finish_reason="length")])
+    assert "".join(d.text for d in ds) == tok.decode(ids) and ds[-1].num_output_tokens == len(ids)
+
+
 def test_structured_outputs_through_the_split(client):
     rf = {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
     r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "JSON please"}],
