@@ -289,9 +289,7 @@ def _stream(events: AsyncIterator[str]) -> StreamingResponse:
                 err = e
             elif isinstance(e, ValueError):  # the engine refused the request once queued
                 err = APIError(str(e), None)
-            elif isinstance(e, RuntimeError):  # the engine went away (its core process died, a shutdown)
-                err = APIError(str(e), None, 503, type="service_unavailable")
-            else:
+            else:  # the engine went away too (its core process died): the message says so
                 err = APIError(f"internal error: {type(e).__name__}: {e}", None, 500, type="internal_server_error")
             yield sse(err.body())
         yield "data: [DONE]\n\n"
