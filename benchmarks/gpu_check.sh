@@ -176,7 +176,10 @@ for s in "${STAGES[@]}"; do
       say serve: W2 through core-runner serve, 256 streaming clients, vs offline
       python3 -c "import fastapi, uvicorn, prometheus_client" 2>/dev/null || python3 -m pip install -q --no-index \
         --find-links .wheels fastapi uvicorn prometheus_client >>"$LOG/env.log" 2>&1
-      timeout 420 python3 benchmarks/serve_bench.py "${N[@]}" --json "$LOG/serve.json" 2>&1 \
+      # the engine-core process split needs pyzmq + msgspec; without them only the in-process figure comes
+      python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q --no-index --find-links .wheels \
+        pyzmq msgspec >>"$LOG/env.log" 2>&1 || true
+      timeout 560 python3 benchmarks/serve_bench.py "${N[@]}" --engine both --json "$LOG/serve.json" 2>&1 \
         | grep -v -e INFO -e Warning | tail -8 | tee -a "$LOG/bench.log";;
     smoke)
       say smoke: fp8 quantization, prefix caching and ngram speculation on CUDA

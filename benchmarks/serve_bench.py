@@ -8,6 +8,12 @@ and reports completion tokens / wall time; then runs the same workload offline w
 ``LLM.generate`` in this process and prints the ratio (issue 27: >= 0.8x).
 
     python3 benchmarks/serve_bench.py [--model PATH] [--num-requests N] [--json OUT]
+        [--engine split|in-process|both] [--device cpu]
+
+``--engine``: the server's engine core in its own process (``split``, what ``core-runner
+serve`` does by default) or in the server's process (``in-process``:
+CORE_RUNNER_ENABLE_MULTIPROCESSING=0); ``both`` serves the workload once each and prints
+both figures (a CPU comparison: ``--model <demo checkpoint> --device cpu --scale 8``).
 """
 from __future__ import annotations
 
@@ -73,6 +79,9 @@ def main() -> int:
     ap.add_argument("--scale", type=int, default=1, help="divide W2's lengths (smoke runs)")
     ap.add_argument("--port", type=int, default=8471)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--engine", default="split", choices=["split", "in-process", "both"],
+                    help="the server's engine core in its own process, in the server's, or each in turn")
+    ap.add_argument("--device", default=None, help="passed to serve and the offline LLM (default: theirs)")
     a = ap.parse_args()
     from core_runner.bench.run import default_checkpoint
     from core_runner.bench.workloads import make_workload
@@ -81,22 +90,22 @@ def main() -> int:
     with open(os.path.join(model, "config.json")) as f:
         vocab = json.load(f)["vocab_size"]
     workload = make_workload("W2", vocab_size=vocab, num_requests=a.num_requests, scale=a.scale)
-    proc = subprocess.Popen([sys.executable, "-m", "core_runner.cli", "serve", model, "--port", str(a.port)],
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        wait_ready(a.port, proc)
-        asyncio.run(clients(a.port, model, workload[:8]))  # warm-up: graphs and kernels compiled already
-        tokens, wall, results = asyncio.run(clients(a.port, model, workload))
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    served = tokens / wall
-    ttft = sorted(r[1] for r in results)
-    print(f"serve: {len(workload)} streaming clients, {tokens:,} tokens in {wall:.1f} s = {served:,.0f} tok/s; "
-          f"TTFT p50 {ttft[len(ttft) // 2]:.2f} s")
+    engines = ["split", "in-process"] if a.engine == "both" else [a.engine]
+    report = {}
+    for engine in engines:
+        try:
+            served, tokens, wall, ttft = serve_once(a, model, engine, workload)
+        except (RuntimeError, TimeoutError) as e:
+            if len(engines) == 1:
+                raise
+            print(f"serve ({engine}): failed: {e}")  # e.g. no pyzmq / msgspec for the split: the other still runs
+            continue
+        print(f"serve ({engine}): {len(workload)} streaming clients, {tokens:,} tokens in {wall:.1f} s = "
+              f"{served:,.0f} tok/s; TTFT p50 {ttft:.2f} s")
+        report[engine] = {"served_tok_s": served, "tokens": tokens, "wall_s": wall, "ttft_p50_s": ttft}
     from core_runner import LLM, SamplingParams
 
-    llm = LLM(model)
+    llm = LLM(model, **({"device": a.device} if a.device else {}))
     params = [SamplingParams(max_tokens=n, temperature=t, ignore_eos=True) for _, n, t in workload]
     prompts = [{"prompt_token_ids": p} for p, _, _ in workload]
     llm.generate(prompts[:8], params[:8], use_tqdm=False)
@@ -104,13 +113,36 @@ def main() -> int:
     outs = llm.generate(prompts, params, use_tqdm=False)
     offline_wall = time.perf_counter() - t0
     offline = sum(len(o.outputs[0].token_ids) for o in outs) / offline_wall
-    print(f"offline: {offline:,.0f} tok/s; serve / offline = {served / offline:.2f}x (target >= 0.8x)")
-    if a.json:
+    for engine, r in report.items():
+        print(f"offline: {offline:,.0f} tok/s; serve ({engine}) / offline = {r['served_tok_s'] / offline:.2f}x "
+              "(target >= 0.8x)")
+    if a.json and report:
+        engine = next(iter(report))
+        first = report[engine]
         with open(a.json, "w") as f:
-            json.dump({"served_tok_s": served, "offline_tok_s": offline, "ratio": served / offline,
-                       "num_requests": len(workload), "tokens": tokens, "wall_s": wall,
-                       "ttft_p50_s": ttft[len(ttft) // 2]}, f, indent=2)
+            json.dump({**first, "engine": engine, "offline_tok_s": offline,
+                       "ratio": first["served_tok_s"] / offline, "num_requests": len(workload),
+                       "engines": report}, f, indent=2)
     return 0
+
+
+def serve_once(a: argparse.Namespace, model: str, engine: str, workload) -> tuple[float, int, float, float]:
+    """(tok/s, tokens, wall s, TTFT p50 s) of the workload against ``core-runner serve`` in a subprocess."""
+    cmd = [sys.executable, "-m", "core_runner.cli", "serve", model, "--port", str(a.port)]
+    if a.device:
+        cmd += ["--device", a.device]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CORE_RUNNER_ENABLE_MULTIPROCESSING": "0" if engine == "in-process"
+           else "1"}
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        wait_ready(a.port, proc)
+        asyncio.run(clients(a.port, model, workload[:8]))  # warm-up: graphs and kernels compiled already
+        tokens, wall, results = asyncio.run(clients(a.port, model, workload))
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    ttft = sorted(r[1] for r in results)
+    return tokens / wall, tokens, wall, ttft[len(ttft) // 2]
 
 
 if __name__ == "__main__":

@@ -171,7 +171,8 @@ def _headless(a: argparse.Namespace) -> int:
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from core_runner import LLM
-    from core_runner.entrypoints.openai.api_server import serve
+    from core_runner.engine.mp_client import multiprocessing_enabled
+    from core_runner.entrypoints.openai.api_server import serve, serve_mp
     from core_runner.entrypoints.openai.tools import ChatOptions
 
     if a.model_arg is not None and a.model is not None and a.model_arg != a.model:
@@ -188,11 +189,20 @@ def cmd_serve(a: argparse.Namespace) -> int:
         model, name = demo_checkpoint(), name or DEMO_SERVED_NAME
         print(f"# no model given: serving the built-in demo checkpoint {model} (a tiny trained model) as "
               f"{name!r}", file=sys.stderr)
+    if a.api_server_count != 1:
+        raise ValueError(f"--api-server-count {a.api_server_count} is not supported: one API process serves the "
+                         "port (several would need per-process output routing in the engine core and merged "
+                         "/metrics; docs/engine_core_process.md); pass 1")
+    split = multiprocessing_enabled()
     chat_options = ChatOptions(a.tool_call_parser, a.enable_auto_tool_choice, a.reasoning_parser)  # before loading
-    llm = LLM(model, **_engine_options(a))
-    serve(llm.engine, host=a.host, port=a.port, api_key=a.api_key, served_model_name=name,
-          max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout, shutdown_timeout=a.shutdown_timeout,
-          disable_fastapi_docs=a.disable_fastapi_docs, protect_metrics=a.protect_metrics, chat_options=chat_options)
+    app_options = dict(host=a.host, port=a.port, api_key=a.api_key, served_model_name=name,
+                       max_body_bytes=a.max_body_bytes, request_timeout=a.request_timeout,
+                       shutdown_timeout=a.shutdown_timeout, disable_fastapi_docs=a.disable_fastapi_docs,
+                       protect_metrics=a.protect_metrics, chat_options=chat_options)
+    if split:  # the engine core in its own process (CORE_RUNNER_ENABLE_MULTIPROCESSING=0: in this one)
+        serve_mp(model, _engine_options(a), **app_options)
+    else:
+        serve(LLM(model, **_engine_options(a)).engine, **app_options)
     return 0
 
 
@@ -302,6 +312,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the model's name in the API and /metrics (default: a local checkpoint's directory name, "
                         "a hub id as given)")
     s.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger request bodies get HTTP 413")
+    s.add_argument("--api-server-count", type=int, default=1,
+                   help="API processes sharing the port (only 1 is supported: values other than 1 are refused)")
     s.add_argument("--headless", action="store_true",
                    help="run only this node's tensor-parallel ranks for node 0's engine (with --node-rank > 0)")
     s.add_argument("--node-rank", type=int, default=0, help="this node's index (0 runs the engine and the server)")

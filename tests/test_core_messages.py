@@ -42,3 +42,30 @@ def test_a_malformed_message_fails_on_decode_with_the_path_of_the_bad_value():
         M.decode_to_core(bad)
     with pytest.raises(ValueError, match="not a torch dtype"):
         M.tensor_from_wire(M.WireTensor("uint77", [1], b"\x00"))
+
+
+def test_the_control_messages_round_trip_and_atmost_travels_as_its_value():
+    from core_runner.sampling_params import AtMost
+
+    sp = SamplingParams(max_tokens=AtMost(9), structured_outputs={"choice": ["a", "b"]}, extra_args={"k": [1, 2]})
+    back = M.decode_to_core(M.encode(M.EngineCoreRequest("r", [1], sp, None, 0.0, seed=5)))
+    assert back.sampling_params.max_tokens == 9 and back.seed == 5
+    got = back.sampling_params
+    assert got.structured_outputs.choice == ["a", "b"] and got.extra_args == {"k": [1, 2]}
+    assert isinstance(M.decode_to_core(M.encode(M.EngineCoreShutdown())), M.EngineCoreShutdown)
+    ready = M.EngineCoreReady("m", "/p", None, "Arch", ["generate"], 128, 20, 0, 2048, [2], 4096, True, "{}",
+                              {"temperature": 0.8}, 123)
+    assert M.decode_from_core(M.encode(ready)) == ready
+    failed = M.EngineCoreFailed("startup", "builtins", "ValueError", "bad model", "Traceback ...")
+    assert M.decode_from_core(M.encode(failed)) == failed
+    refused = M.EngineCoreOutputs([M.EngineCoreOutput("r", [], finish_reason="error", refused="no")])
+    assert M.decode_from_core(M.encode(refused)).outputs[0].refused == "no"
+
+
+def test_the_client_rebuilds_the_cores_error_as_its_own_type():
+    from core_runner.engine.mp_client import rebuild_error
+
+    err = rebuild_error(M.EngineCoreFailed("startup", "builtins", "FileNotFoundError", "no such dir", "tb"))
+    assert type(err) is FileNotFoundError and str(err) == "no such dir" and "tb" in err.__notes__[0]
+    err = rebuild_error(M.EngineCoreFailed("startup", "nowhere.module", "Odd", "it broke"))
+    assert type(err) is RuntimeError and "Odd: it broke" in str(err)

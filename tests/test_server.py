@@ -418,6 +418,7 @@ def test_cli_serve_builds_the_engine_and_passes_the_flags(chat_ckpt, monkeypatch
     from core_runner.entrypoints.openai import api_server
 
     seen = {}
+    monkeypatch.setenv("CORE_RUNNER_ENABLE_MULTIPROCESSING", "0")  # the in-process engine
     monkeypatch.setattr(api_server, "serve", lambda engine, **kw: seen.update(kw, engine=engine))
     argv = ["serve", chat_ckpt, "--port", "8123", "--api-key", "k", "--served-model-name", "tiny", "--device", "cpu",
             "--dtype", "float32", "--num-kv-blocks", "64", "--max-model-len", "128"]

@@ -71,6 +71,7 @@ def test_serve_without_a_model_names_it_demo(monkeypatch):
             seen["model"], self.engine = model, "engine"
 
     monkeypatch.setattr(core_runner, "LLM", FakeLLM)
+    monkeypatch.setenv("CORE_RUNNER_ENABLE_MULTIPROCESSING", "0")  # the in-process engine
     monkeypatch.setattr(api_server, "serve", lambda engine, **kw: seen.update(kw))
     a = cli.build_parser().parse_args(["serve"])
     assert a.func(a) == 0

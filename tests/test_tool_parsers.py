@@ -174,6 +174,7 @@ def test_cli_serve_passes_the_parsers(monkeypatch):
     from core_runner.entrypoints.openai import api_server
 
     seen = {}
+    monkeypatch.setenv("CORE_RUNNER_ENABLE_MULTIPROCESSING", "0")  # the in-process engine
     monkeypatch.setattr(api_server, "serve", lambda engine, **kw: seen.update(kw))
     base = ["serve", "--device", "cpu", "--dtype", "float32", "--num-kv-blocks", "16", "--max-model-len", "64"]
     assert cli.main(base + ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",

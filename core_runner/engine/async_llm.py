@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence
 
-from core_runner.engine.detokenizer import IncrementalDetokenizer
+from core_runner.engine.detokenizer import StreamingText
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.request import Request
 from core_runner.engine.request_stream import Delta, RequestStream
@@ -37,12 +37,6 @@ from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-try:  # tokenizers >= 0.21
-    from tokenizers.decoders import DecodeStream
-except ImportError:  # pragma: no cover - older tokenizers: the engine's own detokenizer
-    DecodeStream = None
-
 
 @dataclass(slots=True)
 class FinalFields:
@@ -85,32 +79,12 @@ class EngineStats(Protocol):
     def on_inter_token(self, seconds: float) -> None: ...
 
 
-class _TextStream:
-    """Streaming detokenization of one request's output (special tokens skipped)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._fast = getattr(tokenizer, "_tokenizer", None) if DecodeStream is not None else None
-        if self._fast is not None:
-            self._stream = DecodeStream(skip_special_tokens=True)
-        else:
-            self._detok = IncrementalDetokenizer(tokenizer, []) if tokenizer is not None else None
-
-    def add(self, token: int) -> str:
-        if self._fast is not None:
-            return self._stream.step(self._fast, token) or ""
-        if self._detok is None:
-            return ""
-        before = len(self._detok.text)
-        self._detok.append(token, check_stop=False)
-        return self._detok.text[before:]
-
-
 @dataclass(slots=True)
 class _Tracked:
     req: Request
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue
-    text: _TextStream | None
+    text: StreamingText | None
     # streamed text may later be cut by a stop string, so this many characters are held back
     hold: int = 0
     sent_tokens: int = 0
@@ -175,7 +149,7 @@ class AsyncLLM:
             raise ValueError(f"request id {request_id!r} is already in use")
         req = self.engine.input_processor.process(prompt, params, request_id, pooling_params)
         loop = asyncio.get_running_loop()
-        text = _TextStream(self.engine.tokenizer) if params is not None else None
+        text = StreamingText(self.engine.tokenizer) if params is not None else None
         hold = max((len(s) for s in params.stop), default=1) - 1 if params is not None and params.stop else 0
         tracked = _Tracked(req, loop, asyncio.Queue(), text, hold)
         self._active.add(request_id)

@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
+try:  # tokenizers >= 0.21
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # pragma: no cover - older tokenizers: the incremental detokenizer below
+    DecodeStream = None
+
 
 class IncrementalDetokenizer:
     def __init__(
@@ -53,3 +58,25 @@ class IncrementalDetokenizer:
             return None
         self.text = self.text[: best[0] + (len(best[1]) if self.include_stop_str else 0)]
         return best[1]
+
+
+class StreamingText:
+    """Streaming detokenization of one request's output (special tokens skipped), for a
+    server's deltas: the tokenizers library's DecodeStream where the tokenizer is a fast
+    one, else the incremental detokenizer above."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._fast = getattr(tokenizer, "_tokenizer", None) if DecodeStream is not None else None
+        if self._fast is not None:
+            self._stream = DecodeStream(skip_special_tokens=True)
+        else:
+            self._detok = IncrementalDetokenizer(tokenizer, []) if tokenizer is not None else None
+
+    def add(self, token: int) -> str:
+        if self._fast is not None:
+            return self._stream.step(self._fast, token) or ""
+        if self._detok is None:
+            return ""
+        before = len(self._detok.text)
+        self._detok.append(token, check_stop=False)
+        return self._detok.text[before:]

@@ -2,11 +2,12 @@
 /v1/embeddings, /pooling, /classify, /score + /v1/score, /rerank + /v1/rerank (pooling_routes.py),
 /health, /metrics.
 
-Every request is served by one AsyncLLM (one engine thread); handlers run on uvicorn's
-event loop (``handlers.py``). Any error is answered with OpenAI's error body on a
-connection that stays open, and the server keeps serving. A client that goes away aborts
-its requests, whether they run, wait for a row or are still being started
-(``streams.py``). Who may call what is ``access.py``; SIGTERM is ``shutdown.py``.
+Every request is served by one AsyncLLM (one engine thread, ``create_app``) or, with the
+engine core in its own process, one AsyncMPClient (``create_mp_app``, what ``core-runner
+serve`` uses by default); handlers run on uvicorn's event loop (``handlers.py``). Any
+error is answered with OpenAI's error body on a connection that stays open, and the server
+keeps serving. A client that goes away aborts its requests, whether they run, wait for a
+row or are still being started (``streams.py``). Who may call what is ``access.py``; SIGTERM is ``shutdown.py``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import functools
 import logging
 import os
 from contextlib import asynccontextmanager
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -47,14 +48,50 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, request_timeout: float | None = None,
     disable_fastapi_docs: bool = False, protect_metrics: bool = False, chat_options: ChatOptions | None = None,
 ) -> FastAPI:
-    """The app over ``engine``; its AsyncLLM is ``app.state.llm`` and is closed when the
-    app shuts down. ``served_model_name`` defaults to ``default_served_name``; with
-    ``api_key``, /v1 and the API docs need it, /metrics too if ``protect_metrics``;
-    ``disable_fastapi_docs`` removes /docs, /redoc and /openapi.json; ``chat_options``: the tool
-    call and reasoning parsers of /v1/chat/completions (``tools.ChatOptions``)."""
+    """The app over ``engine``, run in this process by one AsyncLLM (one engine thread);
+    the AsyncLLM is ``app.state.llm`` and is closed when the app shuts down.
+    ``served_model_name`` defaults to ``default_served_name``; with ``api_key``, /v1 and the
+    API docs need it, /metrics too if ``protect_metrics``; ``disable_fastapi_docs`` removes
+    /docs, /redoc and /openapi.json; ``chat_options``: the tool call and reasoning parsers of
+    /v1/chat/completions (``tools.ChatOptions``). ``create_mp_app`` is the same app over an
+    engine core in its own process."""
     name = served_model_name or default_served_name(engine.config.model)
     stats = PrometheusStats(name)
     llm = AsyncLLM(engine, stats=stats, request_timeout=request_timeout)
+    return _app(llm, name, stats, api_key=api_key, max_body_bytes=max_body_bytes,
+                disable_fastapi_docs=disable_fastapi_docs, protect_metrics=protect_metrics, chat_options=chat_options)
+
+
+def create_mp_app(
+    model: str, engine_options: dict[str, Any] | None = None, *, served_model_name: str | None = None,
+    request_timeout: float | None = None, ready_timeout: float | None = None, logits_processors: Sequence[str] = (),
+    **app_options: Any,
+) -> FastAPI:
+    """``create_app``'s app with the engine core in its own process (docs/engine_core_process.md):
+    the core is spawned and built from ``LLM(model, **engine_options)`` (the CLI's options), and
+    this returns once it is ready; a core that cannot start raises its own error here. The
+    app's ``app.state.llm`` is the ``AsyncMPClient``; ``logits_processors`` ("module:Class"
+    names) are built in the core with those installed by entry point; ``app_options`` as
+    ``create_app``'s."""
+    from core_runner.engine.mp_client import READY_TIMEOUT_S, AsyncMPClient
+
+    name = served_model_name or default_served_name(str(model))
+    stats = PrometheusStats(name)
+    llm = AsyncMPClient(model, engine_options, stats=stats, request_timeout=request_timeout,
+                        logits_processors=logits_processors,
+                        ready_timeout=READY_TIMEOUT_S if ready_timeout is None else ready_timeout)
+    try:
+        return _app(llm, name, stats, **app_options)
+    except BaseException:
+        llm.close()
+        raise
+
+
+def _app(llm: Any, name: str, stats: PrometheusStats, *, api_key: str | None = None,
+         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, disable_fastapi_docs: bool = False,
+         protect_metrics: bool = False, chat_options: ChatOptions | None = None) -> FastAPI:
+    """The routes over ``llm``: an AsyncLLM or an AsyncMPClient (the same interface)."""
+    engine = llm.engine
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -139,7 +176,24 @@ def serve(engine: LLMEngine, *, host: str = "127.0.0.1", port: int = 8000,
           shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, **app_options: Any) -> None:
     """Serve ``create_app(engine, **app_options)`` with uvicorn until SIGTERM / SIGINT
     (``shutdown.GracefulServer``: ``shutdown_timeout`` seconds of grace)."""
+    _run(create_app(engine, **app_options), host, port, shutdown_timeout)
+
+
+def serve_mp(model: str, engine_options: dict[str, Any] | None = None, *, host: str = "127.0.0.1",
+             port: int = 8000, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, **app_options: Any) -> None:
+    """``serve`` with the engine core in its own process (``create_mp_app``)."""
+    if not shutdown_timeout >= 0:  # before the core starts
+        raise ValueError(f"shutdown_timeout={shutdown_timeout!r} is invalid: expected seconds >= 0")
+    _run(create_mp_app(model, engine_options, **app_options), host, port, shutdown_timeout)
+
+
+def _run(app: FastAPI, host: str, port: int, shutdown_timeout: float) -> None:
     from core_runner.entrypoints.openai.shutdown import GracefulServer
 
-    app = create_app(engine, **app_options)
-    GracefulServer(app, shutdown_timeout, host=host, port=port, log_level="info").run()
+    try:
+        server = GracefulServer(app, shutdown_timeout, host=host, port=port, log_level="info")
+    except BaseException:
+        app.state.llm.close()
+        raise
+    server.run()
+    app.state.llm.close()  # a no-op after the app's own shutdown; a core left by a failed start-up is stopped

@@ -20,6 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from core_runner.engine.async_llm import AsyncLLM, Delta
+from core_runner.engine.mp_client import AsyncMPClient
 from core_runner.engine.request_stream import RequestStream
 from core_runner.entrypoints.openai import protocol as P
 from core_runner.entrypoints.openai.fields import check_fields
@@ -33,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 
 class Handlers:
-    def __init__(self, llm: AsyncLLM, name: str, max_body_bytes: int, chat_options: ChatOptions | None = None) -> None:
+    def __init__(self, llm: AsyncLLM | AsyncMPClient, name: str, max_body_bytes: int,
+                 chat_options: ChatOptions | None = None) -> None:
         self.llm, self.engine, self.name = llm, llm.engine, name
         self.chat_options = chat_options or ChatOptions()
         self.max_body = max_body_bytes
@@ -63,6 +65,17 @@ class Handlers:
         except StartError as e:
             raise P.engine_error(str(e.error), body, prompt_param, index_of(e.index)) from None
         except RuntimeError as e:  # shut down (AsyncLLM.abort_all) or the engine thread is gone
+            raise APIError(str(e), None, 503, type="service_unavailable") from None
+
+    async def collect(self, request: Request, streams: list[RequestStream], param: str | None) -> list[Delta]:
+        """``collect_while_connected``, with a request the engine refused once queued (the
+        engine core resolves pooling defaults when a request arrives) as a 400 naming
+        ``param``, and an engine that went away meanwhile as a 503."""
+        try:
+            return await collect_while_connected(request, streams)
+        except ValueError as e:
+            raise APIError(str(e), param) from None
+        except RuntimeError as e:
             raise APIError(str(e), None, 503, type="service_unavailable") from None
 
     async def _start_choices(self, request: Request, body: dict, prompts: list, params,
@@ -122,7 +135,7 @@ class Handlers:
                 if usage:
                     yield sse({**head, "choices": [], "usage": _usage(counts.values())})
             return _stream(events())
-        finals = await collect_while_connected(request, gens)
+        finals = await self.collect(request, gens, "prompt")
         choices = [{"index": i, "text": d.text, "logprobs": self._completion_logprobs(d),
                     "finish_reason": d.finish_reason, "stop_reason": d.stop_reason} for i, d in enumerate(finals)]
         return JSONResponse({**head, "choices": choices, "usage": _usage(
@@ -191,7 +204,7 @@ class Handlers:
                 if usage and counts:
                     yield sse({**head, "choices": [], "usage": _usage(counts.values())})
             return _stream(events())
-        finals = await collect_while_connected(request, gens)
+        finals = await self.collect(request, gens, "messages")
         messages = [plan.choice().message(d.text, d.finish_reason) for d in finals]
         choices = [{"index": j, "message": msg, "logprobs": self._chat_logprobs(d, top), "finish_reason": reason,
                     "stop_reason": d.stop_reason} for j, (d, (msg, reason)) in enumerate(zip(finals, messages))]
@@ -233,7 +246,7 @@ class Handlers:
             request, body, len(inputs),
             lambda i: self.llm.start(inputs[i], None, f"emb-{rid}-{i}", pooling_params=params),
             "input", lambda i: i if len(inputs) > 1 else None)
-        outs = await collect_while_connected(request, streams)
+        outs = await self.collect(request, streams, "input")
         failed = next(((i, d.finish_reason) for i, d in enumerate(outs) if d.embedding is None), None)
         if failed is not None:  # aborted (--request-timeout, shutdown) or failed in the engine
             i, why = failed
@@ -272,8 +285,12 @@ def _stream(events: AsyncIterator[str]) -> StreamingResponse:
                 yield e
         except Exception as e:
             logger.exception("a streamed response failed")
-            err = e if isinstance(e, APIError) else APIError(f"internal error: {type(e).__name__}: {e}", None, 500,
-                                                             type="internal_server_error")
+            if isinstance(e, APIError):
+                err = e
+            elif isinstance(e, ValueError):  # the engine refused the request once queued
+                err = APIError(str(e), None)
+            else:  # the engine went away too (its core process died): the message says so
+                err = APIError(f"internal error: {type(e).__name__}: {e}", None, 500, type="internal_server_error")
             yield sse(err.body())
         yield "data: [DONE]\n\n"
 

@@ -30,7 +30,6 @@ from core_runner.engine import score as sc
 from core_runner.entrypoints.openai import protocol as P
 from core_runner.entrypoints.openai.handlers import _encode
 from core_runner.entrypoints.openai.protocol import APIError
-from core_runner.entrypoints.openai.streams import collect_while_connected
 from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 
 
@@ -136,7 +135,7 @@ class PoolingRoutes:
             request, body, len(jobs),
             lambda i: self.llm.start(jobs[i][0], None, f"pool-{rid}-{i}", pooling_params=jobs[i][1]),
             param, lambda i: i if len(jobs) > 1 else None)
-        outs = await collect_while_connected(request, streams)
+        outs = await self.h.collect(request, streams, param)
         for i, d in enumerate(outs):
             if d.embedding is None:
                 if d.finish_reason == "abort":
