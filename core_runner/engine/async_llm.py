@@ -27,12 +27,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from core_runner.engine.detokenizer import StreamingText
 from core_runner.engine.llm_engine import LLMEngine
 from core_runner.engine.request import Request
-from core_runner.engine.request_stream import Delta, RequestStream
+from core_runner.engine.request_stream import Delta, RequestStream, StreamingClient
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
 
@@ -94,7 +94,7 @@ class _Tracked:
     last_token_time: float | None = None
 
 
-class AsyncLLM:
+class AsyncLLM(StreamingClient):
     """``generate`` / ``embed`` as async iterators over one LLMEngine, driven by one
     engine thread (see the module docstring). ``request_timeout`` (seconds, None = no
     limit) aborts a request that runs longer; ``close()`` stops the thread."""
@@ -157,36 +157,6 @@ class AsyncLLM:
         timeout = self.request_timeout if timeout is None else timeout
         deadline = None if timeout is None else loop.time() + timeout
         return RequestStream(request_id, tracked.queue, deadline, self._queue_abort, self._release)
-
-    async def generate(
-        self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
-        request_id: str | None = None, *, timeout: float | None = None,
-    ) -> AsyncIterator[Delta]:
-        """Deltas of one request, the last with ``finished=True``. Invalid input raises
-        ValueError before anything is queued. Stopping iteration (or cancelling the task)
-        aborts the request; so does ``timeout`` (default: ``request_timeout``), after which
-        the final delta says finish_reason="abort"."""
-        stream = self.start(prompt, sampling_params, request_id, timeout=timeout)
-        try:
-            async for d in stream:
-                yield d
-        finally:
-            await stream.aclose()
-
-    async def embed(
-        self, prompt: str | Sequence[int], pooling_params: PoolingParams | None = None,
-        request_id: str | None = None, *, timeout: float | None = None,
-    ) -> Delta:
-        """The pooled vector of one prompt (``Delta.embedding``, a CPU float32 tensor)."""
-        stream = self.start(prompt, None, request_id, pooling_params=pooling_params or PoolingParams(),
-                            timeout=timeout)
-        last = None
-        try:
-            async for d in stream:
-                last = d
-        finally:
-            await stream.aclose()
-        return last
 
     async def abort(self, request_id: str) -> None:
         """Abort a request by id; its stream ends with finish_reason="abort". Unknown ids are ignored."""

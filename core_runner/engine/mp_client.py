@@ -28,12 +28,12 @@ import shutil
 import tempfile
 import threading
 import time
-from typing import Any, AsyncIterator, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from core_runner.engine import core_messages as M
 from core_runner.engine.api_request import ApiRequest
 from core_runner.engine.core_facts import CoreFacts
-from core_runner.engine.request_stream import Delta, RequestStream
+from core_runner.engine.request_stream import RequestStream, StreamingClient
 from core_runner.executor.multiproc import _main_module_hidden
 from core_runner.pooling_params import PoolingParams
 from core_runner.sampling_params import SamplingParams
@@ -92,7 +92,7 @@ def rebuild_error(f: Any) -> BaseException:
     return err
 
 
-class AsyncMPClient:
+class AsyncMPClient(StreamingClient):
     """``start`` / ``generate`` / ``embed`` / ``abort`` / ``abort_all`` / ``close`` as
     ``AsyncLLM``'s, over a core process built from ``LLM(model, **options)``; ``engine``
     holds the facts the handlers read (``CoreFacts``). The constructor returns once the core
@@ -205,29 +205,6 @@ class AsyncMPClient:
         timeout = self.request_timeout if timeout is None else timeout
         deadline = None if timeout is None else loop.time() + timeout
         return RequestStream(request_id, q, deadline, self._abort_one, self._release)
-
-    async def generate(
-        self, prompt: str | Sequence[int], sampling_params: SamplingParams | None = None,
-        request_id: str | None = None, *, timeout: float | None = None,
-    ) -> AsyncIterator[Delta]:
-        stream = self.start(prompt, sampling_params, request_id, timeout=timeout)
-        try:
-            async for d in stream:
-                yield d
-        finally:
-            await stream.aclose()
-
-    async def embed(self, prompt: str | Sequence[int], pooling_params: PoolingParams | None = None,
-                    request_id: str | None = None, *, timeout: float | None = None) -> Delta:
-        stream = self.start(prompt, None, request_id, pooling_params=pooling_params or PoolingParams(),
-                            timeout=timeout)
-        last = None
-        try:
-            async for d in stream:
-                last = d
-        finally:
-            await stream.aclose()
-        return last
 
     async def abort(self, request_id: str) -> None:
         self._abort_one(request_id)

@@ -6,8 +6,9 @@ exception) on its queue. Closing a stream before its final delta aborts the requ
 from __future__ import annotations
 
 import asyncio
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable, Sequence
 
 
 @dataclass(slots=True)
@@ -98,3 +99,43 @@ class RequestStream:
         self._done = True
         self._release(self.request_id, abort)
 
+
+
+class StreamingClient(ABC):
+    """``generate`` / ``embed`` over ``start``, shared by the in-process ``AsyncLLM`` and the
+    engine-core process's ``AsyncMPClient``."""
+
+    @abstractmethod
+    def start(self, prompt: str | Sequence[int], sampling_params: Any = None, request_id: str | None = None, *,
+              pooling_params: Any = None, timeout: float | None = None) -> RequestStream:
+        """Validate one prompt and queue its request now; its stream (see the subclasses)."""
+
+    async def generate(
+        self, prompt: str | Sequence[int], sampling_params: Any = None,
+        request_id: str | None = None, *, timeout: float | None = None,
+    ) -> AsyncIterator[Delta]:
+        """Deltas of one request, the last with ``finished=True``. Invalid input raises
+        ValueError before anything is queued. Stopping iteration (or cancelling the task)
+        aborts the request; so does ``timeout`` (default: the client's ``request_timeout``),
+        after which the final delta says finish_reason="abort"."""
+        stream = self.start(prompt, sampling_params, request_id, timeout=timeout)
+        try:
+            async for d in stream:
+                yield d
+        finally:
+            await stream.aclose()
+
+    async def embed(self, prompt: str | Sequence[int], pooling_params: Any = None,
+                    request_id: str | None = None, *, timeout: float | None = None) -> Delta:
+        """The pooled vector of one prompt (``Delta.embedding``, a CPU float32 tensor)."""
+        from core_runner.pooling_params import PoolingParams
+
+        stream = self.start(prompt, None, request_id, pooling_params=pooling_params or PoolingParams(),
+                            timeout=timeout)
+        last = None
+        try:
+            async for d in stream:
+                last = d
+        finally:
+            await stream.aclose()
+        return last
