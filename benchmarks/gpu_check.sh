@@ -4,7 +4,7 @@
 # Stages (default: all, in this order):
 #   tests     the union of tests-kernels and tests-gpu (each with its own limit)
 #   tests-kernels  tests/kernels on the GPU, pytest-xdist -n TEST_WORKERS (4) when installed, 240 s  -> tests_kernels.log
-#   tests-gpu every gpu-marked test file (tests/test_*.py), -n TEST_WORKERS_GPU (2), 240 s       -> tests_gpu.log
+#   tests-gpu every gpu-marked test file (tests/test_*.py), -n TEST_WORKERS_GPU (2), 240 s       -> tests_gpu.log (TEST_TIMEOUT (env) sets both limits)
 #             (GPU_TESTS (env) narrows either to the paths / node ids given; the tests use fixed small KV
 #             pools and no fixed ports or files, so workers only share the GPU and Triton's cache; the bench
 #             stages' own GPU tests, tests/test_bench_*.py, run only when GPU_TESTS names them)
@@ -100,7 +100,7 @@ for s in "${STAGES[@]}"; do
           W=${TEST_WORKERS_GPU:-2}
         fi
         XD=(); python3 -c "import xdist" 2>/dev/null && [ "$W" -gt 1 ] && XD=(-n "$W")
-        timeout 240 python3 -m pytest -q -o faulthandler_timeout=120 --durations=10 -p no:cacheprovider "${XD[@]}" \
+        timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -o faulthandler_timeout=120 --durations=10 -p no:cacheprovider "${XD[@]}" \
           -m "gpu or not gpu" $paths 2>&1 | tee "$LOG/${part//-/_}.log" | grep -v -i warning | tail -30
       done;;
     sampler)
