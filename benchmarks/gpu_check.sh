@@ -47,6 +47,8 @@
 #               --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
 #               -d .wheels xgrammar==0.2.9 apache-tvm-ffi==0.1.15.post2 pydantic==2.13.4 pydantic_core==2.46.4
 #               annotated-types==0.7.0 typing-inspection==0.4.2   (SO_N (env): --num-requests)
+#             (with compressed-tensors and loguru too, for the quantization tests: every stage installs
+#             compressed-tensors and xgrammar from .wheels at the start when the image lacks them)
 #   gemma3    gemma-3-1b shape (dummy), window GEMMA3_WINDOW (1024), 128 requests of 8,192 tokens: KV held vs
 #             local x min(ctx, window) + global x ctx, pure-decode tok/s vs roofline               -> gemma3.json
 #   w3granite W3 on the granite-4.0-h-350m checkpoint (written as for granite), prefix cache on vs off  -> w3granite.json
@@ -85,6 +87,12 @@ python3 -m pip install -q --no-deps --no-build-isolation "${pipargs[@]}" >"$LOG/
 } >>"$LOG/env.log" 2>&1
 tail -6 "$LOG/env.log"
 N=(); [ "$QUICK" = 1 ] && N=(--num-requests 64)
+# packages the GPU image lacks (compressed-tensors for the quantization tests, xgrammar for the
+# grammar tests): installed from a carried .wheels/ (see the so / serve stages for the downloads)
+for pkg in compressed_tensors:compressed-tensors xgrammar:xgrammar; do
+  python3 -c "import ${pkg%%:*}" 2>/dev/null || [ ! -d .wheels ] || python3 -m pip install -q --no-index \
+    --find-links .wheels "${pkg##*:}" >>"$LOG/env.log" 2>&1 || echo "${pkg##*:} not installable from .wheels (env.log)"
+done
 CKPT=/tmp/cr_ckpt; mkdir -p $CKPT
 say() { echo "=== $* ($(date +%T))" | tee -a "$LOG/bench.log"; }
 for s in "${STAGES[@]}"; do
@@ -100,8 +108,11 @@ for s in "${STAGES[@]}"; do
           W=${TEST_WORKERS_GPU:-2}
         fi
         XD=(); python3 -c "import xdist" 2>/dev/null && [ "$W" -gt 1 ] && XD=(-n "$W")
+        # tests/kernels run on the device they find; in the other files only the gpu-marked tests
+        # (their CPU tests, interpreter subprocesses among them, are CI's)
+        MARK="gpu or not gpu"; [ "$part" = tests-gpu ] && [ -z "${GPU_TESTS:-}" ] && MARK=gpu
         timeout ${TEST_TIMEOUT:-240} python3 -m pytest -q -o faulthandler_timeout=120 --durations=10 -p no:cacheprovider "${XD[@]}" \
-          -m "gpu or not gpu" $paths 2>&1 | tee "$LOG/${part//-/_}.log" | grep -v -i warning | tail -30
+          -m "$MARK" $paths 2>&1 | tee "$LOG/${part//-/_}.log" | grep -v -i warning | tail -30
       done;;
     sampler)
       say sampler

@@ -38,8 +38,11 @@ def model_with_tokenizer(root: str | None, tiny: bool) -> str:
     from core_runner.bench.shapes import config_only_checkpoint, shape_config
     from core_runner.conformance.tokenizer import write_tokenizer
 
-    over = dict(TINY) if tiny else {}
-    path = Path(config_only_checkpoint("qwen3-0.6b", root, **{**over, "name_or_path": "so-bench"}))
+    # EOS is the synthetic tokenizer's (id 0, a special token), not the published config's id, which
+    # is an ordinary token of that vocabulary: a grammar ends on EOS, and with ignore_eos the EOS
+    # token stays in the output, so its text must be the empty special token's
+    over = {**(TINY if tiny else {}), "eos_token_id": 0}
+    path = Path(config_only_checkpoint("qwen3-0.6b", root, **{**over, "name_or_path": "so-bench-eos0"}))
     if not (path / "tokenizer.json").is_file():
         write_tokenizer(path, shape_config("qwen3-0.6b", **over))
     return str(path)

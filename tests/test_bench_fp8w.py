@@ -70,3 +70,24 @@ def test_fp8w_stage_runs_and_reports(tmp_path, single_torch_thread):
 def test_fp8w_stage_on_cuda(tmp_path):
     res = fp8w_bench.main(["--tiny", "--num-requests", "16", "--scale", "8", "--root", str(tmp_path)])
     assert res["fp8w"]["W1"]["roofline_tok_s"] > 0 and res["ratios"]["fp8kv_W1"]["tok_s"] > 0
+
+
+def test_a_variant_frees_its_engine_before_handing_memory_back(tmp_path, single_torch_thread):
+    """Each variant's engine is dead when its memory is handed back (gc + the CUDA cache), so
+    the next variant sizes its KV pool from memory that is really free (handing it back while
+    the engine lived left the first variant's pool cached and none for the second)."""
+    import weakref
+
+    from core_runner.bench import variants
+
+    built, dead_at_free = [], []
+    real_build, real_free = variants.build_llm, variants.free_memory
+    path = config_only_checkpoint("qwen3-0.6b", tmp_path, **fp8w_bench.TINY)
+    args = variants.variant_args(device="cpu", dtype="float32", num_requests=2, scale=64)
+    try:
+        variants.build_llm = lambda *a, **kw: built.append(weakref.ref(llm := real_build(*a, **kw))) or llm
+        variants.free_memory = lambda: dead_at_free.append(built[-1]() is None) or real_free()
+        variants.run_variant(path, ["W1"], args, num_kv_blocks=32, max_num_seqs=2, max_model_len=256)
+    finally:
+        variants.build_llm, variants.free_memory = real_build, real_free
+    assert len(built) == 1 and dead_at_free == [True]

@@ -90,9 +90,15 @@ def build_llm(model: str, args: argparse.Namespace, **llm_kwargs: Any):
 
 
 def release(llm) -> None:
-    """Shut the engine down and free its memory before the next variant sizes its KV pool."""
+    """Shut the engine down; its memory is freed once the caller drops its last reference
+    and calls ``free_memory`` (this function's own reference cannot free it)."""
     llm.engine.shutdown()
-    del llm
+
+
+def free_memory() -> None:
+    """Collect the engines no one references any more (their reference cycles included) and
+    hand their cached GPU blocks back, so that the next variant sizes its KV pool from what is
+    really free."""
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -121,6 +127,8 @@ def run_variant(model: str, workloads: list[str] | dict[str, list[Request]], arg
         return out
     finally:
         release(llm)
+        del llm
+        free_memory()
 
 
 def engine_facts(llm) -> dict:

@@ -18,6 +18,7 @@ import torch
 
 from core_runner.sample.stage import Stage, Step, host_to_device
 from core_runner.step_data.scheduler_output import NewRequest
+from core_runner.structured_outputs.manager import batch_fill
 
 
 def apply_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
@@ -118,6 +119,7 @@ class GrammarStage(Stage):
                                      pin_memory=self.device.type == "cuda")
         positions: list[int] = []
         caps = list(counts) if counts is not None else None
+        batch: list[tuple[Any, int]] = []  # plain decode masks, filled together below
         for i, k in groups:
             g = self.grammar[step.rows[i]]
             # a decode row samples output index num_fed; the host's count is a bound under async
@@ -126,10 +128,17 @@ class GrammarStage(Stage):
             if g is None or self._out_index(step, i) < g.num_fed:
                 continue
             self._step_entries.append((g, g.num_fed, step.batch.req_ids[i]))
-            filled = g.fill_verification(self._host, len(positions), k)  # k = 0: the decode mask
+            if k == 0:
+                filled = int(g.wants_mask)
+                if filled:
+                    batch.append((g, len(positions)))
+            else:
+                filled = g.fill_verification(self._host, len(positions), k)
             positions.extend(range(i, i + filled))
             if caps is not None and filled:
                 caps[self._req_of[i]] = filled - 1
+        if batch:
+            batch_fill([g for g, _ in batch], self._host, [r for _, r in batch])
         self._publish_caps(caps, counts)
         if not positions:
             return None

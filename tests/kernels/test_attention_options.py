@@ -101,12 +101,12 @@ def test_options_change_the_output():
 
 @pytest.mark.parametrize("reqs,window,cap,use_sinks", CASES)
 @pytest.mark.parametrize("num_splits", [None, 3])
-def test_triton_matches_reference(reqs, window, cap, use_sinks, num_splits):
+def test_triton_matches_reference(reqs, window, cap, use_sinks, num_splits, device):
     if num_splits and max(q for q, _ in reqs) > 1:
         reqs = [(1, s) for _, s in reqs]
     heads, kv_heads, d, bs = 4, 2, 16, 4
-    q, kv, qsl, lens, bt, _ = build(reqs, heads, kv_heads, d, bs, window, seed=1)
-    sinks = torch.randn(heads) * 2 if use_sinks else None
+    q, kv, qsl, lens, bt, _ = build(reqs, heads, kv_heads, d, bs, window, seed=1, device=device)
+    sinks = (torch.randn(heads) * 2).to(device) if use_sinks else None
     out = paged_attention_triton(q, kv, qsl, lens, bt, 0.3, num_splits=num_splits, sliding_window=window,
                                  logits_soft_cap=cap, sinks=sinks)
     ref = paged_attention_ref(q, kv, qsl, lens, bt, 0.3, True, window, cap, sinks)

@@ -57,13 +57,14 @@ def _write(path: Path, qc: dict) -> None:
     (path / "config.json").write_text(json.dumps({"quantization_config": qc}))
 
 
-def _load(path: Path, qc: dict, rank: int = 0, world: int = 1, expert_parallel: bool = False) -> Experts:
+def _load(path: Path, qc: dict, rank: int = 0, world: int = 1, expert_parallel: bool = False,
+          device: str = "cpu") -> Experts:
     from core_runner.distributed.parallel_state import GroupCoordinator, set_tp_group
 
     quant = quantization_from_config(type("C", (), {"quantization_config": qc})())
     prev = set_tp_group(GroupCoordinator(rank=rank, world_size=world, expert_parallel=expert_parallel))
     try:
-        with building_for(quant):
+        with building_for(quant), torch.device(device):
             model = Experts()
     finally:
         set_tp_group(prev)
@@ -71,11 +72,11 @@ def _load(path: Path, qc: dict, rank: int = 0, world: int = 1, expert_parallel: 
     return model
 
 
-def _inputs(t: int = 17, k: int = 2):
+def _inputs(t: int = 17, k: int = 2, device: str = "cpu"):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(t, H, generator=g)
     ids = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(t)]).to(torch.int32)
-    return x, torch.rand(t, k, generator=g), ids
+    return x.to(device), torch.rand(t, k, generator=g).to(device), ids.to(device)
 
 
 def _spy(monkeypatch) -> list:
@@ -86,12 +87,12 @@ def _spy(monkeypatch) -> list:
 
 
 @pytest.mark.parametrize("qc", [BLOCK_QC, _ct_channel()], ids=["block", "ct-channel"])
-def test_fp8_layer_triton_runs_the_fp8_kernel_torch_dequantizes(tmp_path, monkeypatch, qc):
+def test_fp8_layer_triton_runs_the_fp8_kernel_torch_dequantizes(tmp_path, monkeypatch, qc, device):
     _write(tmp_path, qc)
-    moe = _load(tmp_path, qc).experts
+    moe = _load(tmp_path, qc, device=device).experts
     assert moe.w13.weight.dtype == moe.w2.weight.dtype == torch.float8_e4m3fn
     block = moe.w13.fp8_block
-    x, w, ids = _inputs()
+    x, w, ids = _inputs(device=device)
     calls = _spy(monkeypatch)
     out = moe(x, w, ids)
     assert calls == [block]
@@ -105,17 +106,17 @@ def test_fp8_layer_triton_runs_the_fp8_kernel_torch_dequantizes(tmp_path, monkey
 
 
 @pytest.mark.parametrize("expert_parallel", [False, True], ids=["tp", "ep"])
-def test_fp8_layer_split_over_two_ranks(tmp_path, monkeypatch, expert_parallel):
+def test_fp8_layer_split_over_two_ranks(tmp_path, monkeypatch, expert_parallel, device):
     """Each rank's fp8 part (TP: I/2 = 32 rows of gate and up, two 16-row blocks each, and
     one 32-column block of down; EP: two whole experts) runs the fp8 kernel, and the two
     partial sums add up to the single-rank layer's output."""
     _write(tmp_path, BLOCK_QC)
-    x, w, ids = _inputs()
-    whole = _load(tmp_path, BLOCK_QC).experts(x, w, ids)
+    x, w, ids = _inputs(device=device)
+    whole = _load(tmp_path, BLOCK_QC, device=device).experts(x, w, ids)
     calls = _spy(monkeypatch)
     total = torch.zeros_like(whole)
     for rank in range(2):
-        moe = _load(tmp_path, BLOCK_QC, rank, 2, expert_parallel).experts
+        moe = _load(tmp_path, BLOCK_QC, rank, 2, expert_parallel, device).experts
         assert moe.w13.weight.dtype == torch.float8_e4m3fn and moe.w2.weight.dtype == torch.float8_e4m3fn
         total += moe(x, w, ids)
     assert len(calls) == 2
