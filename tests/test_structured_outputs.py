@@ -93,3 +93,29 @@ def test_params_refuse_zero_or_two_constraints():
         StructuredOutputsParams(regex="a", choice=["a"])
     with pytest.raises(ValueError, match="unknown field"):
         SamplingParams(structured_outputs={"jsn": {}})
+
+
+def test_batch_fill_writes_the_masks_one_by_one_fill_writes(llm):
+    """The grammar stage fills plain decode masks in one xgrammar batch call: each row equals
+    the request's own ``fill`` at the same matcher state, untouched rows stay as they were."""
+    import torch
+
+    from core_runner.structured_outputs.manager import batch_fill
+
+    eng = llm.engine
+    tok = eng.tokenizer
+    specs = [StructuredOutputsParams(json=SCHEMA), StructuredOutputsParams(regex="[0-9]{2,4}x"),
+             StructuredOutputsParams(choice=["left", "right"]), StructuredOutputsParams(json_object=True)]
+    grammars = [eng.input_processor.structured_outputs().request(s, tuple(eng.eos_token_ids)) for s in specs]
+    for g in grammars:
+        g.future.result()
+    grammars[0].sync(tok.encode('{"name"', add_special_tokens=False))  # one matcher moved off its start
+    words = -(-eng.vocab_size // 32)
+    one = torch.zeros((6, words), dtype=torch.int32)
+    for g, row in zip(grammars, (0, 2, 3, 5)):
+        assert g.fill(one, row)
+    batched = torch.full((6, words), 7, dtype=torch.int32)
+    batch_fill(grammars, batched, [0, 2, 3, 5])
+    assert torch.equal(batched[[0, 2, 3, 5]], one[[0, 2, 3, 5]])
+    assert bool((batched[[1, 4]] == 7).all())
+    assert not torch.equal(one[0], one[5])  # the rows really differ
