@@ -330,17 +330,6 @@ class AsyncLLM(StreamingClient):
                 embedding=f.embedding,
             ))
 
-    def _observe(self, t: _Tracked, n_new: int, now: float) -> None:
-        if self.stats is None or n_new == 0:
-            return
-        self.stats.on_tokens(prompt=0, generation=n_new)
-        if t.last_token_time is None:
-            self.stats.on_first_token(now - t.arrival)
-        else:
-            for _ in range(n_new):
-                self.stats.on_inter_token((now - t.last_token_time) / n_new)
-        t.last_token_time = now
-
     @staticmethod
     def _emit(t: _Tracked, d: Delta) -> None:
         try:

@@ -358,17 +358,6 @@ class AsyncMPClient(StreamingClient):
         if cut and self.is_running:
             self._send(M.EngineCoreAbort(cut), quiet=True)
 
-    def _observe(self, r: ApiRequest, n_new: int, now: float) -> None:
-        if self.stats is None or n_new == 0:
-            return
-        self.stats.on_tokens(prompt=0, generation=n_new)
-        if r.last_token_time is None:
-            self.stats.on_first_token(now - r.arrival)
-        else:
-            for _ in range(n_new):
-                self.stats.on_inter_token((now - r.last_token_time) / n_new)
-        r.last_token_time = now
-
     def _report(self, msg: Any) -> None:
         if self.stats is None:
             return

@@ -103,7 +103,9 @@ class RequestStream:
 
 class StreamingClient(ABC):
     """``generate`` / ``embed`` over ``start``, shared by the in-process ``AsyncLLM`` and the
-    engine-core process's ``AsyncMPClient``."""
+    engine-core process's ``AsyncMPClient``, and their latency reports to ``stats``."""
+
+    stats: Any = None
 
     @abstractmethod
     def start(self, prompt: str | Sequence[int], sampling_params: Any = None, request_id: str | None = None, *,
@@ -139,3 +141,17 @@ class StreamingClient(ABC):
         finally:
             await stream.aclose()
         return last
+
+    def _observe(self, tracked: Any, n_new: int, now: float) -> None:
+        """Report ``n_new`` tokens of one request that arrived at ``now`` (``time.perf_counter``):
+        the first token's latency from ``tracked.arrival``, else the gap since its last tokens
+        split evenly over the new ones (vLLM's inter-token latency)."""
+        if self.stats is None or n_new == 0:
+            return
+        self.stats.on_tokens(prompt=0, generation=n_new)
+        if tracked.last_token_time is None:
+            self.stats.on_first_token(now - tracked.arrival)
+        else:
+            for _ in range(n_new):
+                self.stats.on_inter_token((now - tracked.last_token_time) / n_new)
+        tracked.last_token_time = now
