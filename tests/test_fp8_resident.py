@@ -162,3 +162,37 @@ def test_resident_fp8_linear_on_gpu(tmp_path):
     y = model.qkv(x)
     ref = fp8_block_linear_ref(x.float(), model.qkv.weight, model.qkv.weight_scale_inv, (16, 16))
     torch.testing.assert_close(y.float(), ref, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize(("vocab", "resident"), [(64, True), (72, False)])
+def test_lm_head_rank_keeps_fp8_rows_only_on_block_boundaries(tmp_path, vocab, resident):
+    """A ParallelLMHead split over two ranks: each rank's vocabulary rows keep their fp8 values
+    and scales when they cover whole blocks of 16 (vocab 64: rows 0-31 and 32-63), else the
+    head goes dense (vocab 72: rows 0-35 and 36-71 cut blocks); either way each rank holds the
+    dequantized checkpoint rows, and padding rows are zero."""
+    from core_runner.distributed.parallel_state import GroupCoordinator, set_tp_group
+    from core_runner.layers import ParallelLMHead, is_fp8
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(vocab, 32, generator=g)
+    q, s = quantize_fp8_block(w, (16, 16))
+    tmp_path.mkdir(exist_ok=True)
+    save_file({"head.weight": q, "head.weight_scale_inv": s}, str(tmp_path / "model.safetensors"))
+    full = dense_weight(type("M", (), {"weight": q, "fp8_block": (16, 16), "weight_scale_inv": s,
+                                       "dense_dtype": torch.float32})())
+    quant = quantization_from_config(type("C", (), {"quantization_config": BLOCK_QC})())
+    for rank in range(2):
+        prev = set_tp_group(GroupCoordinator(rank=rank, world_size=2))
+        try:
+            with building_for(quant):
+                model = nn.Module()
+                model.head = ParallelLMHead(vocab, 32)
+        finally:
+            set_tp_group(prev)
+        load_weights(model, tmp_path, quantization=quant)
+        head = model.head
+        assert is_fp8(head) == resident, (rank, vocab)
+        mine = head.end - head.start
+        got = dense_weight(head, torch.float32)
+        torch.testing.assert_close(got[:mine], full[head.start:head.end], rtol=0, atol=0)
+        assert not got[mine:].any()
