@@ -133,20 +133,7 @@ class AsyncLLM(StreamingClient):
             raise RuntimeError(self._refusing)
         if self._closed or not self._thread.is_alive():
             raise RuntimeError("the engine thread is not running (AsyncLLM was closed or its loop failed)")
-        if pooling_params is None:
-            if "generate" not in self.engine.tasks:
-                raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot generate text")
-            params = sampling_params if sampling_params is not None else self.engine.default_sampling_params()
-        else:
-            task = pooling_params.task or "embed"
-            if task not in self.engine.tasks:
-                raise ValueError(f"the model's tasks are {list(self.engine.tasks)}: it cannot {task}")
-            params = None
-        if request_id is None:
-            self._ids += 1
-            request_id = f"async-{self._ids}"
-        if request_id in self._active:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        params, request_id = self._params_and_id(self.engine, sampling_params, request_id, pooling_params)
         req = self.engine.input_processor.process(prompt, params, request_id, pooling_params)
         loop = asyncio.get_running_loop()
         text = StreamingText(self.engine.tokenizer) if params is not None else None

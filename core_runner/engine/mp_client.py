@@ -172,20 +172,7 @@ class AsyncMPClient(StreamingClient):
         if not self.is_running:
             raise RuntimeError(self._dead or "the engine core is not running (AsyncMPClient was closed)")
         eng = self.engine
-        if pooling_params is None:
-            if "generate" not in eng.tasks:
-                raise ValueError(f"the model's tasks are {list(eng.tasks)}: it cannot generate text")
-            params = sampling_params if sampling_params is not None else eng.default_sampling_params()
-        else:
-            task = pooling_params.task or "embed"
-            if task not in eng.tasks:
-                raise ValueError(f"the model's tasks are {list(eng.tasks)}: it cannot {task}")
-            params = None
-        if request_id is None:
-            self._ids += 1
-            request_id = f"async-{self._ids}"
-        if request_id in self._active:
-            raise ValueError(f"request id {request_id!r} is already in use")
+        params, request_id = self._params_and_id(eng, sampling_params, request_id, pooling_params)
         grammar = params.structured_outputs if params is not None else None
         if grammar is not None:  # compiled by the core, which holds the matcher; not a second time here
             params = dataclasses.replace(params, structured_outputs=None)

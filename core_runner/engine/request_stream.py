@@ -142,6 +142,27 @@ class StreamingClient(ABC):
             await stream.aclose()
         return last
 
+    def _params_and_id(self, engine: Any, sampling_params: Any, request_id: str | None,
+                       pooling_params: Any) -> tuple[Any, str]:
+        """A request's sampling params (the model's defaults when None; None for a pooling
+        request) and its id (``async-N`` when None); ValueError for a task the model (``engine``:
+        ``tasks``, ``default_sampling_params``) lacks or an id already in use."""
+        if pooling_params is None:
+            if "generate" not in engine.tasks:
+                raise ValueError(f"the model's tasks are {list(engine.tasks)}: it cannot generate text")
+            params = sampling_params if sampling_params is not None else engine.default_sampling_params()
+        else:
+            task = pooling_params.task or "embed"
+            if task not in engine.tasks:
+                raise ValueError(f"the model's tasks are {list(engine.tasks)}: it cannot {task}")
+            params = None
+        if request_id is None:
+            self._ids += 1
+            request_id = f"async-{self._ids}"
+        if request_id in self._active:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        return params, request_id
+
     def _observe(self, tracked: Any, n_new: int, now: float) -> None:
         """Report ``n_new`` tokens of one request that arrived at ``now`` (``time.perf_counter``):
         the first token's latency from ``tracked.arrival``, else the gap since its last tokens
