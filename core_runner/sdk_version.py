@@ -14,7 +14,7 @@ from packaging.version import Version
 # 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches; 1.3: LogitsProcessor,
 # linear layers' quantized=, row-state snapshots and verification rollback (ModelState hooks);
 # 1.4: the standard decoder blocks (DecoderAttention, PreNormDecoderLayer, DecoderStack, AuxHiddenStates, CausalLM)
-SDK_VERSION = "1.4.0"
+SDK_VERSION = "1.5.0"
 
 
 def check_sdk_range(spec: str | None, plugin: str, what: str) -> None:
