@@ -16,10 +16,9 @@ roofline, which layers are fp8 resident (``fp8_resident``) and the ratios (``rat
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-from pathlib import Path
+
+from core_runner.bench.variants import workload_parser, write_json
 
 # small enough for a CPU smoke run: every feature of the shapes kept, blocks of 16
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -27,15 +26,8 @@ TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_la
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--num-requests", type=int, default=None)
-    ap.add_argument("--scale", type=int, default=1)
-    ap.add_argument("--tiny", action="store_true", help="shrunk sizes (CPU smoke test)")
-    ap.add_argument("--root", default=None, help="where the config-only directories go (default: the bench cache)")
+    ap = workload_parser(__doc__.split("\n")[0])
     ap.add_argument("--parts", nargs="+", default=["bf16", "fp8w", "fp8kv"], choices=["bf16", "fp8w", "fp8kv"])
-    ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     from core_runner.bench.shapes import QWEN3_FP8_QUANTIZATION, config_only_checkpoint
     from core_runner.bench.variants import ratio, run_variant, summary_line, variant_args
@@ -71,9 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
             target = " (target >= 1.3x)" if part == "fp8kv" else ""
             print(f"{part} / bf16 {w}: {r['tok_s']:.2f}x tok/s{target}, TPOT p50 {r['tpot_p50']:.2f}x", flush=True)
     res["ratios"] = ratios
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
-    return res
+    return write_json(a.json, res)
 
 
 if __name__ == "__main__":

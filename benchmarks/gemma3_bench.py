@@ -26,11 +26,11 @@ min(context, window) of the local layers' KV at the measured copy bandwidth
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
-from pathlib import Path
+
+from core_runner.bench.variants import write_json
 
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=6, num_attention_heads=4,
             num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16)
@@ -167,9 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{last.get('formula_tokens', 0):,} (local x min(ctx, window) + global x ctx): "
           f"{res['kv_ratio_to_formula']:.3f}x; vs every layer holding the context {res['kv_ratio_to_all_layers']:.3f}x",
           flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
-    return res
+    return write_json(a.json, res)
 
 
 if __name__ == "__main__":

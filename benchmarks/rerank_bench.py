@@ -21,12 +21,13 @@ The report has both pairs/s, the ratio and the largest |score difference|.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from core_runner.bench.variants import write_json
 
 MS_MARCO_MINILM_L6 = dict(vocab_size=30522, hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
                           intermediate_size=1536, max_position_embeddings=512, type_vocab_size=2, num_labels=1,
@@ -137,9 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
           f"{eng['mean_pair_tokens']:.0f} tokens a pair); transformers {peer['pairs_per_s']:,.0f} pairs/s; "
           f"ratio {res['ratio']:.2f}x (target >= 3x); max |score diff| {res['max_abs_score_diff']:.2e} "
           f"({a.num_pairs} pairs, {a.dtype} on {a.device})", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
-    return res
+    return write_json(a.json, res)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,13 @@ keys (``parsed_fraction``; should be 1.0).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
+
+from core_runner.bench.variants import workload_parser, write_json
 
 # an object that a random model rarely closes: an unbounded array of strings after two fields
 SCHEMA = {"type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
@@ -94,14 +95,7 @@ def run_pass(llm, workload, so) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--num-requests", type=int, default=None)
-    ap.add_argument("--scale", type=int, default=1)
-    ap.add_argument("--tiny", action="store_true", help="shrunk sizes (CPU smoke test)")
-    ap.add_argument("--root", default=None, help="where the model directory goes (default: the bench cache)")
-    ap.add_argument("--json", default=None)
+    ap = workload_parser(__doc__.split("\n")[0])
     a = ap.parse_args(argv)
     from core_runner.bench.variants import build_llm, release, variant_args
     from core_runner.bench.workloads import make_workload
@@ -127,9 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"json / plain: TPOT p50 {res['tpot_p50_ratio']:.3f}x (target <= 1.15x), mean {res['tpot_mean_ratio']:.3f}x, "
           f"tok/s {res['tok_s_ratio']:.3f}x; grammar-finished {grammar['grammar_finished']}, parsed "
           f"{grammar['parsed']} ({grammar['parsed_fraction']:.2f})", flush=True)
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1, default=str))
-    return res
+    return write_json(a.json, res)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import re
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +23,26 @@ import torch
 from core_runner.bench.roofline import decode_roofline_tok_s
 from core_runner.bench.run import copy_bandwidth, engine_settings, run_engine
 from core_runner.bench.workloads import Request, make_workload
+
+
+def workload_parser(description: str) -> argparse.ArgumentParser:
+    """The options of a bench script that runs workloads on engine variants (a script adds its own)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--num-requests", type=int, default=None)
+    ap.add_argument("--scale", type=int, default=1)
+    ap.add_argument("--tiny", action="store_true", help="shrunk sizes (CPU smoke test)")
+    ap.add_argument("--root", default=None, help="where the config-only models go (default: the bench cache)")
+    ap.add_argument("--json", default=None)
+    return ap
+
+
+def write_json(path: str | None, res: dict) -> dict:
+    """``res`` written to ``path`` (when given) as the bench's JSON result; returns ``res``."""
+    if path:
+        Path(path).write_text(json.dumps(res, indent=1, default=str))
+    return res
 
 
 def variant_args(**given: Any) -> argparse.Namespace:
