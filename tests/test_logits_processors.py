@@ -5,15 +5,15 @@ without the processor, in any batch (batch invariance); bad specs refused by nam
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
+from serving_helpers import LP_FIXTURES as FIXTURES
+from serving_helpers import lp_entry_point
 
 from core_runner import LLM, SamplingParams
 from core_runner.demo import demo_checkpoint
-from core_runner.logits_processor import ENTRY_POINT_GROUP, installed_processors
+from core_runner.logits_processor import installed_processors
 
-FIXTURES = Path(__file__).parent / "fixtures_lp"
 OPTS = dict(device="cpu", dtype="float32", max_model_len=128, max_num_seqs=8, num_kv_blocks=64)
 
 
@@ -24,18 +24,9 @@ def plain():
 
 @pytest.fixture(scope="module")
 def by_entry_point(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lpdist")
-    dist = root / "cr_lp_fixture-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cr-lp-fixture\nVersion: 0.0.1\n")
-    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\ntarget = cr_lp_fixture:TargetTokenProcessor\n")
-    sys.path[:0] = [str(root), str(FIXTURES)]
-    try:
+    with lp_entry_point(tmp_path_factory.mktemp("lpdist")):
         assert [c.__name__ for c in installed_processors()] == ["TargetTokenProcessor"]
         yield LLM(demo_checkpoint(), **OPTS)
-    finally:
-        sys.path.remove(str(root))
-        sys.path.remove(str(FIXTURES))
 
 
 def test_entry_point_processor_reads_extra_args_and_leaves_other_rows(plain, by_entry_point):

@@ -8,13 +8,12 @@ import dataclasses
 import json
 import random
 import shutil
-import socket
-import threading
 import time
 
 import httpx
 import openai
 import pytest
+from serving_helpers import ThreadedServer
 
 from core_runner import LLM, SamplingParams
 
@@ -24,31 +23,14 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 OPTS = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=40, num_kv_blocks=40 * 16)
 
 
-class _Server:
+class _Server(ThreadedServer):
     """uvicorn serving ``create_app(engine)`` in a thread; ``stop()`` ends it."""
 
     def __init__(self, engine, **app_options) -> None:
-        import uvicorn
-
         from core_runner.entrypoints.openai.api_server import create_app
 
         self.app = create_app(engine, **app_options)
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(15)
-        self.sock.close()
-        assert not self.thread.is_alive(), "the server did not stop"
+        self._start()
 
     def call(self, fn):
         """fn(engine) on the engine thread."""

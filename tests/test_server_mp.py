@@ -11,11 +11,8 @@ import dataclasses
 import json
 import os
 import signal
-import socket
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import openai
@@ -24,10 +21,9 @@ import pytest
 pytest.importorskip("zmq")
 pytest.importorskip("msgspec")
 
-from core_runner import LLM, SamplingParams  # noqa: E402
-from core_runner.logits_processor import ENTRY_POINT_GROUP  # noqa: E402
+from serving_helpers import ThreadedServer, lp_entry_point  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures_lp"
+from core_runner import LLM, SamplingParams  # noqa: E402
 
 OPTS = dict(device="cpu", dtype="float32", max_model_len=256, max_num_seqs=16, num_kv_blocks=16 * 16)
 SEEDED = dict(temperature=0.8, top_p=0.9, seed=11, max_tokens=12)
@@ -35,35 +31,21 @@ SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"
           "required": ["ok", "size"]}
 
 
-class _MPServer:
+class _MPServer(ThreadedServer):
     """uvicorn serving ``create_mp_app(model, options)`` in a thread; ``stop()`` ends it (and its core)."""
 
     def __init__(self, model: str, options: dict, **app_options) -> None:
-        import uvicorn
-
         from core_runner.entrypoints.openai.api_server import create_mp_app
 
         self.app = create_mp_app(model, options, **app_options)
         self.llm = self.app.state.llm
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
-            time.sleep(0.05)
+        self._start()
 
     def client(self) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
     def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
-        assert not self.thread.is_alive(), "the server did not stop"
+        super().stop(join_s=20)
         assert not self.llm._proc.is_alive(), "the engine core outlived its server"
 
 
@@ -83,17 +65,8 @@ def offline(demo, single_torch_thread):
 def server(demo, tmp_path_factory):
     """The demo core, started with a logits processor installed by entry point (the fixture's
     package and dist-info are on sys.path while the core spawns: it starts with the same path)."""
-    root = tmp_path_factory.mktemp("lpdist")
-    dist = root / "cr_lp_fixture-0.0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: cr-lp-fixture\nVersion: 0.0.1\n")
-    (dist / "entry_points.txt").write_text(f"[{ENTRY_POINT_GROUP}]\ntarget = cr_lp_fixture:TargetTokenProcessor\n")
-    sys.path[:0] = [str(root), str(FIXTURES)]
-    try:
+    with lp_entry_point(tmp_path_factory.mktemp("lpdist")):
         s = _MPServer(demo, OPTS, served_model_name="demo")
-    finally:
-        sys.path.remove(str(root))
-        sys.path.remove(str(FIXTURES))
     yield s
     s.stop()
 
