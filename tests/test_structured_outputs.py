@@ -100,7 +100,7 @@ def test_batch_fill_writes_the_masks_one_by_one_fill_writes(llm):
     the request's own ``fill`` at the same matcher state, untouched rows stay as they were."""
     import torch
 
-    from core_runner.structured_outputs.manager import batch_fill
+    from core_runner.structured_outputs.manager import BatchFill
 
     eng = llm.engine
     tok = eng.tokenizer
@@ -115,7 +115,7 @@ def test_batch_fill_writes_the_masks_one_by_one_fill_writes(llm):
     for g, row in zip(grammars, (0, 2, 3, 5)):
         assert g.fill(one, row)
     batched = torch.full((6, words), 7, dtype=torch.int32)
-    batch_fill(grammars, batched, [0, 2, 3, 5])
+    BatchFill()(grammars, batched, [0, 2, 3, 5])
     assert torch.equal(batched[[0, 2, 3, 5]], one[[0, 2, 3, 5]])
     assert bool((batched[[1, 4]] == 7).all())
     assert not torch.equal(one[0], one[5])  # the rows really differ

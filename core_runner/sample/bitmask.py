@@ -18,7 +18,7 @@ import torch
 
 from core_runner.sample.stage import Stage, Step, host_to_device
 from core_runner.step_data.scheduler_output import NewRequest
-from core_runner.structured_outputs.manager import batch_fill
+from core_runner.structured_outputs.manager import BatchFill
 
 
 def apply_bitmask_ref(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:
@@ -56,6 +56,7 @@ class GrammarStage(Stage):
         self._counts: list[int] | None = None
         self._req_of: dict[int, int] = {}
         self.caps: torch.Tensor | None = None
+        self._batch_fill = BatchFill()
 
     def add_request(self, row: int, req: NewRequest) -> None:
         g = getattr(req, "structured_output", None)
@@ -138,7 +139,7 @@ class GrammarStage(Stage):
             if caps is not None and filled:
                 caps[self._req_of[i]] = filled - 1
         if batch:
-            batch_fill([g for g, _ in batch], self._host, [r for _, r in batch])
+            self._batch_fill([g for g, _ in batch], self._host, [r for _, r in batch])
         self._publish_caps(caps, counts)
         if not positions:
             return None

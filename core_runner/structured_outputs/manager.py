@@ -191,14 +191,16 @@ class StructuredOutputManager:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def batch_fill(grammars: list[GrammarRequest], bitmask: torch.Tensor, rows: list[int]) -> None:
-    """``fill`` for many requests at once (``bitmask[rows[j]]`` for ``grammars[j]``, each
-    wanting a mask), spread over xgrammar's threads: filling one row of a 150k vocabulary takes
-    tens of microseconds, so a batch of hundreds filled one by one holds a decode step."""
-    global _BATCH
-    if _BATCH is None:
-        _BATCH = _xgrammar().BatchGrammarMatcher()
-    _BATCH.batch_fill_next_token_bitmask([g.matcher for g in grammars], bitmask, rows)
+class BatchFill:
+    """``GrammarRequest.fill`` for many requests at once (``bitmask[rows[j]]`` for
+    ``grammars[j]``, each wanting a mask), spread over xgrammar's threads: filling one row of a
+    150k vocabulary takes tens of microseconds, so a batch of hundreds filled one by one holds a
+    decode step. The thread pool is made on first use."""
 
+    def __init__(self) -> None:
+        self._batch: Any = None
 
-_BATCH: Any = None
+    def __call__(self, grammars: list[GrammarRequest], bitmask: torch.Tensor, rows: list[int]) -> None:
+        if self._batch is None:
+            self._batch = _xgrammar().BatchGrammarMatcher()
+        self._batch.batch_fill_next_token_bitmask([g.matcher for g in grammars], bitmask, rows)
