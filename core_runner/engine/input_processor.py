@@ -60,6 +60,8 @@ def _valid_text(text: str) -> str:
 def _token_ids(ids: Any, what: str) -> list[int]:
     if not isinstance(ids, (list, tuple)):
         raise ValueError(f"{what} must be a list of ints, got {_describe(ids)}; expected {PROMPT_FORMS}")
+    if set(map(type, ids)) <= {int}:  # the common case, checked without a Python loop over the ids
+        return list(ids)
     for i, t in enumerate(ids):
         if not isinstance(t, int) or isinstance(t, bool):
             raise ValueError(f"{what} must be a list of ints, but element {i} is {_describe(t)} "
@@ -151,7 +153,7 @@ class InputProcessor:
     def _check_ids(self, ids: list[int]) -> None:
         if not ids:
             raise ValueError("prompt is empty: at least one token is needed")
-        if self.vocab_size is not None:
+        if self.vocab_size is not None and (min(ids) < 0 or max(ids) >= self.vocab_size):
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")

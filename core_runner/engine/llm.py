@@ -212,8 +212,7 @@ class LLM:
             if limit == -1:
                 limit = self.engine.input_processor.pooling_prompt_limit()
             prompts, params = [], []
-            for a, b in pairs:
-                ids, start = sc.encode_pair(self.tokenizer, a, b, limit)
+            for ids, start in sc.encode_pairs(self.tokenizer, pairs, limit):
                 prompts.append({"prompt_token_ids": ids})
                 params.append(dataclasses.replace(base, truncate_prompt_tokens=None, compressed_token_type_ids=start))
             return sc.cross_encoder_scores(self._pool(prompts, params, "score", use_tqdm))

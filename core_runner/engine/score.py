@@ -40,13 +40,22 @@ def pair_up(data_1: str | Sequence[str], data_2: str | Sequence[str]) -> list[tu
     return list(zip(a, b))
 
 
-def encode_pair(tokenizer: Any, text_1: str, text_2: str, truncate: int | None) -> tuple[list[int], int | None]:
-    """The pair's token ids through the tokenizer's pair template, and the first token of
-    type 1 (None when the tokenizer gives no types or all are 0). ``truncate``: cut the
-    pair to that many tokens (the tokenizer's longest-first truncation)."""
+def encode_pairs(tokenizer: Any, pairs: Sequence[tuple[str, str]],
+                 truncate: int | None) -> list[tuple[list[int], int | None]]:
+    """Each pair's token ids through the tokenizer's pair template, and the first token of
+    type 1 (None when the tokenizer gives no types or all are 0). ``truncate``: cut each
+    pair to that many tokens (the tokenizer's longest-first truncation). One call for all
+    pairs: a fast tokenizer encodes a batch on its own threads, where pair by pair the
+    tokenizer call costs more than the model's forward of that pair."""
+    if not pairs:
+        return []
     kw: dict[str, Any] = {"truncation": True, "max_length": truncate} if truncate is not None else {}
-    enc = tokenizer(text_1, text_2, return_token_type_ids=True, **kw)
-    ids, types = list(enc["input_ids"]), enc.get("token_type_ids")
+    enc = tokenizer([a for a, _ in pairs], [b for _, b in pairs], return_token_type_ids=True, **kw)
+    types_of = enc.get("token_type_ids") or [None] * len(pairs)
+    return [_with_segment(list(ids), types) for ids, types in zip(enc["input_ids"], types_of)]
+
+
+def _with_segment(ids: list[int], types: Sequence[int] | None) -> tuple[list[int], int | None]:
     if not types or 1 not in types:
         return ids, None
     start = list(types).index(1)

@@ -115,8 +115,7 @@ class PoolingRoutes:
             limit = base.truncate_prompt_tokens
             limit = self.engine.input_processor.pooling_prompt_limit() if limit == -1 else limit
             jobs = []
-            for a, b in pairs:
-                ids, start = sc.encode_pair(self.engine.tokenizer, a, b, limit)
+            for ids, start in sc.encode_pairs(self.engine.tokenizer, pairs, limit):
                 jobs.append(({"prompt_token_ids": ids},
                              _replace(base, truncate_prompt_tokens=None, compressed_token_type_ids=start)))
             outs = await self._run(request, body, jobs, "text_2")
