@@ -64,11 +64,12 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_engine(model: str, queries, passages, device: str, dtype: str, batch: int) -> tuple[dict, torch.Tensor]:
+def run_engine(model: str, queries, passages, device: str, dtype: str, batch: int,
+               tokens: int = 8192) -> tuple[dict, torch.Tensor]:
     from core_runner import LLM
 
     llm = LLM(model, device=device, dtype=dtype, max_model_len=512, max_num_seqs=batch,
-              max_num_batched_tokens=8192)
+              max_num_batched_tokens=tokens)
     llm.score(queries[:batch], passages[:batch], use_tqdm=False)  # warm-up through the whole path
     sync(device)
     t0 = time.perf_counter()
@@ -76,9 +77,9 @@ def run_engine(model: str, queries, passages, device: str, dtype: str, batch: in
     sync(device)
     elapsed = time.perf_counter() - t0
     scores = torch.tensor([o.outputs.score for o in outs])
-    tokens = sum(len(o.prompt_token_ids) for o in outs)
-    res = {"pairs_per_s": len(queries) / elapsed, "tokens_per_s": tokens / elapsed, "seconds": elapsed,
-           "mean_pair_tokens": tokens / len(outs), "plan": repr(llm.engine.plan)}
+    n = sum(len(o.prompt_token_ids) for o in outs)
+    res = {"pairs_per_s": len(queries) / elapsed, "tokens_per_s": n / elapsed, "seconds": elapsed,
+           "mean_pair_tokens": n / len(outs), "max_num_batched_tokens": tokens, "plan": repr(llm.engine.plan)}
     llm.engine.shutdown()
     del llm
     return res, scores
@@ -117,6 +118,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
     ap.add_argument("--num-pairs", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--max-num-batched-tokens", type=int, nargs="+", default=[8192],
+                    help="the engine's token budget per step; several run one engine each (the first is the "
+                         "reported one, the rest go under 'engine_by_tokens')")
     ap.add_argument("--tiny", action="store_true", help="shrunk sizes (CPU smoke test)")
     ap.add_argument("--model", default=None, help="a cross-encoder checkpoint instead of the random one")
     ap.add_argument("--json", default=None)
@@ -126,18 +130,27 @@ def main(argv: list[str] | None = None) -> dict:
     queries, passages = make_pairs(a.num_pairs)
     with tempfile.TemporaryDirectory() as tmp:
         model = a.model or write_checkpoint(Path(tmp) / "ms-marco-minilm-l6-shape", a.dtype, a.tiny)
-        eng, eng_scores = run_engine(model, queries, passages, a.device, a.dtype, a.batch)
-        if a.device.startswith("cuda"):
-            torch.cuda.empty_cache()
+        runs = []
+        for tokens in a.max_num_batched_tokens:
+            runs.append(run_engine(model, queries, passages, a.device, a.dtype, a.batch, tokens))
+            if a.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        eng, eng_scores = runs[0]
         peer, peer_scores = run_transformers(model, queries, passages, a.device, a.dtype, a.batch)
     res = {"model": a.model or "ms-marco-MiniLM-L-6-v2 shape (random weights)", "device": a.device, "dtype": a.dtype,
            "num_pairs": a.num_pairs, "batch": a.batch, "engine": eng, "transformers": peer,
            "ratio": eng["pairs_per_s"] / peer["pairs_per_s"],
-           "max_abs_score_diff": float((eng_scores - peer_scores).abs().max())}
+           "max_abs_score_diff": float((eng_scores - peer_scores).abs().max()),
+           "engine_by_tokens": {str(r["max_num_batched_tokens"]): {"pairs_per_s": r["pairs_per_s"],
+                                "ratio": r["pairs_per_s"] / peer["pairs_per_s"],
+                                "max_abs_score_diff": float((sc - peer_scores).abs().max())} for r, sc in runs}}
     print(f"rerank engine: {eng['pairs_per_s']:,.0f} pairs/s ({eng['tokens_per_s']:,.0f} tok/s, "
           f"{eng['mean_pair_tokens']:.0f} tokens a pair); transformers {peer['pairs_per_s']:,.0f} pairs/s; "
           f"ratio {res['ratio']:.2f}x (target >= 3x); max |score diff| {res['max_abs_score_diff']:.2e} "
-          f"({a.num_pairs} pairs, {a.dtype} on {a.device})", flush=True)
+          f"({a.num_pairs} pairs, {a.dtype} on {a.device}, {eng['max_num_batched_tokens']} tokens a step)", flush=True)
+    for r, _ in runs[1:]:
+        print(f"  with {r['max_num_batched_tokens']} tokens a step: {r['pairs_per_s']:,.0f} pairs/s, ratio "
+              f"{r['pairs_per_s'] / peer['pairs_per_s']:.2f}x", flush=True)
     return write_json(a.json, res)
 
 
