@@ -27,27 +27,32 @@ import time
 import urllib.request
 
 
-async def one(port: int, body: dict) -> tuple[int, float, float]:
-    """(completion tokens, seconds to the first streamed chunk, seconds in all) of one request."""
+async def one(port: int, body: dict) -> tuple[int, float, float, float, int]:
+    """(completion tokens, seconds to the first streamed chunk, seconds in all, seconds to the
+    status line (the request was queued: the server answers once it has started it), events)
+    of one request."""
     t0 = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     data = json.dumps(body).encode()
     writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(data) + data)
     await writer.drain()
-    first, tokens = None, 0
+    first, tokens, head, events = None, 0, None, 0
     while True:
         line = await reader.readline()
         if not line:
             break
+        if head is None:
+            head = time.perf_counter() - t0
         if line.startswith(b"data: {"):
+            events += 1
             if first is None:
                 first = time.perf_counter() - t0
             event = json.loads(line[6:])
             if event.get("usage"):
                 tokens = event["usage"]["completion_tokens"]
     writer.close()
-    return tokens, first or float("nan"), time.perf_counter() - t0
+    return tokens, first or float("nan"), time.perf_counter() - t0, head or float("nan"), events
 
 
 async def clients(port: int, model: str, workload) -> tuple[int, float, list]:
@@ -82,6 +87,7 @@ def main() -> int:
     ap.add_argument("--engine", default="split", choices=["split", "in-process", "both"],
                     help="the server's engine core in its own process, in the server's, or each in turn")
     ap.add_argument("--device", default=None, help="passed to serve and the offline LLM (default: theirs)")
+    ap.add_argument("--profile-api", default=None, help="cProfile the server's process into PATH.<engine>")
     a = ap.parse_args()
     from core_runner.bench.run import default_checkpoint
     from core_runner.bench.workloads import make_workload
@@ -113,14 +119,18 @@ def main() -> int:
     outs = llm.generate(prompts, params, use_tqdm=False)
     offline_wall = time.perf_counter() - t0
     offline = sum(len(o.outputs[0].token_ids) for o in outs) / offline_wall
+    firsts = sorted(o.first_token_time - t0 for o in outs)
+    offline_ttft = firsts[len(firsts) // 2]
     for engine, r in report.items():
-        print(f"offline: {offline:,.0f} tok/s; serve ({engine}) / offline = {r['served_tok_s'] / offline:.2f}x "
-              "(target >= 0.8x)")
+        r["ttft_ratio"] = r["ttft_p50_s"] / offline_ttft
+        print(f"offline: {offline:,.0f} tok/s, TTFT p50 {offline_ttft:.3f} s; serve ({engine}) / offline = "
+              f"{r['served_tok_s'] / offline:.2f}x tok/s (target >= 0.95x), TTFT p50 {r['ttft_ratio']:.2f}x "
+              "(target <= 2x)")
     if a.json and report:
         engine = next(iter(report))
         first = report[engine]
         with open(a.json, "w") as f:
-            json.dump({**first, "engine": engine, "offline_tok_s": offline,
+            json.dump({**first, "engine": engine, "offline_tok_s": offline, "offline_ttft_p50_s": offline_ttft,
                        "ratio": first["served_tok_s"] / offline, "num_requests": len(workload),
                        "engines": report}, f, indent=2)
     return 0
@@ -133,16 +143,32 @@ def serve_once(a: argparse.Namespace, model: str, engine: str, workload) -> tupl
         cmd += ["--device", a.device]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CORE_RUNNER_ENABLE_MULTIPROCESSING": "0" if engine == "in-process"
            else "1"}
+    if a.profile_api:  # the API process's main thread (the event loop) under cProfile, written at exit
+        cmd[1:1] = ["-m", "cProfile", "-o", f"{a.profile_api}.{engine}"]
     proc = subprocess.Popen(cmd, env=env)
     try:
         wait_ready(a.port, proc)
         asyncio.run(clients(a.port, model, workload[:8]))  # warm-up: graphs and kernels compiled already
+        cpu0 = _cpu_seconds(proc.pid)
         tokens, wall, results = asyncio.run(clients(a.port, model, workload))
+        cpu = _cpu_seconds(proc.pid) - cpu0
     finally:
         proc.terminate()
         proc.wait(60)
     ttft = sorted(r[1] for r in results)
+    heads = sorted(r[3] for r in results)
+    q = [len(ttft) // 10, len(ttft) // 2, len(ttft) * 9 // 10]
+    print(f"  serve ({engine}) client view: status line p10/p50/p90 {' / '.join(f'{heads[i]:.2f}' for i in q)} s, "
+          f"first chunk {' / '.join(f'{ttft[i]:.2f}' for i in q)} s, {sum(r[4] for r in results):,} events for "
+          f"{tokens:,} tokens; API process CPU {cpu:.1f} s in {wall:.1f} s", flush=True)
     return tokens / wall, tokens, wall, ttft[len(ttft) // 2]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the server's own process (not the engine core's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":
