@@ -190,8 +190,12 @@ for s in "${STAGES[@]}"; do
       # the engine-core process split needs pyzmq + msgspec; without them only the in-process figure comes
       python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q --no-index --find-links .wheels \
         pyzmq msgspec >>"$LOG/env.log" 2>&1 || true
-      timeout 560 python3 benchmarks/serve_bench.py "${N[@]}" --engine both --json "$LOG/serve.json" 2>&1 \
-        | grep -v -e INFO -e Warning | tail -8 | tee -a "$LOG/bench.log";;
+      # SERVE_ARGS (env) adds serve_bench options, e.g. "--engine split --profile-api $OUT/api.prof"
+      timeout 560 python3 benchmarks/serve_bench.py "${N[@]}" --engine both $SERVE_ARGS --json "$LOG/serve.json" 2>&1 \
+        | grep -v -e INFO -e Warning | tail -10 | tee -a "$LOG/bench.log"
+      for f in "$LOG"/*.prof.*; do [ -f "$f" ] && python3 -c "import pstats, sys; p = pstats.Stats(sys.argv[1]); \
+        p.sort_stats('tottime').print_stats(25); p.sort_stats('cumulative').print_stats('core_runner|starlette|uvicorn', 25)" \
+        "$f" 2>&1 | grep -v "^$" | tee -a "$LOG/bench.log"; done;;
     smoke)
       say smoke: fp8 quantization, prefix caching and ngram speculation on CUDA
       timeout 200 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels/test_fp8_block_matmul.py \
