@@ -240,6 +240,9 @@ class EngineConfig:
             logger.info("batch limits for %s: max_num_seqs=%d, max_num_batched_tokens=%d%s", self.device, seqs,
                         tokens, "" if self.max_num_seqs is None and self.max_num_batched_tokens is None
                         else " (one given, the other chosen)")
+            # which limits were chosen here: the engine may lower a chosen max_num_seqs to fit a
+            # model's per-row state (engine/defaults.fit_max_num_seqs), never a given one
+            object.__setattr__(self, "_chosen_limits", (self.max_num_seqs is None, self.max_num_batched_tokens is None))
             object.__setattr__(self, "max_num_seqs", seqs)
             object.__setattr__(self, "max_num_batched_tokens", tokens)
         self._resolve_memory_fields(bad)

@@ -64,7 +64,8 @@ CHECKS: tuple[Check, ...] = (
        "and ModelState tables, row caches) and every free KV block is filled with garbage."),
     _c("CR-STATE-02", "example", f"{_S}:dummy_run_changes_nothing",
        "A dummy run changes no persistent state (before any request, mid-generation, after a finish) and "
-       "later real steps stay bit-identical."),
+       "later real steps stay bit-identical; the engine's caches, released and bound again (as the GPU memory "
+       "profile does), leave no released tensor referenced."),
     _c("CR-STATE-03", "example", f"{_S}:settings_survive_chunking_and_preemption",
        "Per-request settings (temperature, top-k, top-p, seed, logprobs) survive chunked prefill and preemption."),
     _c("CR-STATE-04", "example", f"{_S}:event_order",

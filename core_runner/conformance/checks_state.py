@@ -94,6 +94,7 @@ def dummy_run_changes_nothing(ctx: Ctx) -> None:
     want = run(base, requests())
 
     e = ctx.engine(**opts)
+    rebind_caches(e)
     rec = Recorder(e)
     c = e.config
     shapes = [(1, 1), (2, 9), (3, 3), (4, 16), (1, c.max_model_len), (c.max_num_seqs, c.max_num_batched_tokens)]
@@ -142,6 +143,26 @@ def dummy_run_changes_nothing(ctx: Ctx) -> None:
         for rid in s.req_ids:
             if not torch.equal(s.logits[rid], b.logits[rid]):
                 ctx.logit_error(s.logits[rid], b.logits[rid], f"step {k} {rid} after dummy runs", atol=0.0)
+
+
+def rebind_caches(e: Any) -> None:
+    """What the engine's memory profile does on a GPU: release the bound caches, then bind
+    the real ones. Released caches must be unreferenced (the layers and the ModelState
+    took the zero-size ones in their place), or the profile's caches stay allocated beside
+    the real pool."""
+    import gc
+    import weakref
+
+    held = [t for v in e.runner.kv_caches.values() for t in (v if isinstance(v, (tuple, list)) else (v,))]
+    refs = [weakref.ref(t) for t in held if t.numel()]
+    del held
+    e.executor.release_kv_caches()
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    if alive:
+        fail(f"release_kv_caches: {alive} of {len(refs)} released cache tensors are still referenced (a bind "
+             "kept them: the layers or the ModelState must hold only the caches bound last)")
+    e.executor.initialize_kv_cache(e.num_blocks)
 
 
 # ---------------------------------------------------------------------------------

@@ -166,6 +166,38 @@ def kv_cache_budget(config: EngineConfig, free: int, total: int, activation_byte
     return int(free * config.kv_cache_memory_fraction)
 
 
+# The default max_num_seqs of a model with per-row recurrent state is lowered until the
+# rows' state (and its prefix-cache snapshots) takes at most this share of the cache memory,
+# so the attention layers' KV pool keeps the rest: 1,024 rows of granite-4.0-h-350m's 28 Mamba
+# layers with their snapshots would take ~46 GB, and the H100 left the pool no block.
+ROW_STATE_SHARE = 0.5
+
+
+def fit_max_num_seqs(config: EngineConfig, state_bytes_per_row: int, snapshot_bytes_per_row: int,
+                     snapshots: bool, weight_bytes: int, free: int, total: int) -> int:
+    """The max_num_seqs to use: the config's, or, when the engine chose it (the user left it
+    None) and the model keeps per-row state, the largest power-of-two fraction of it whose
+    rows (+1 scratch row) and snapshot slots (one per row when ``snapshots`` and
+    ``mamba_cache_slots`` is None) fit ``ROW_STATE_SHARE`` of the cache memory: what
+    ``kv_cache_budget`` gives before the weights (``weight_bytes``, not loaded yet) are in
+    use. Never below 1: a single row that does not fit is refused later, by name."""
+    seqs = config.max_num_seqs
+    if not getattr(config, "_chosen_limits", (False, False))[0] or state_bytes_per_row <= 0:
+        return seqs
+    if config.gpu_memory_utilization is not None:
+        budget = int(total * config.gpu_memory_utilization) - (total - free) - weight_bytes
+    else:
+        budget = int((free - weight_bytes) * config.kv_cache_memory_fraction)
+
+    def need(n: int) -> int:
+        slots = (config.mamba_cache_slots or n) if snapshots else 0
+        return state_bytes_per_row * (n + 1) + snapshot_bytes_per_row * slots
+
+    while seqs > 1 and need(seqs) > ROW_STATE_SHARE * budget:
+        seqs //= 2
+    return seqs
+
+
 # ---- CPU threads -------------------------------------------------------------------------
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # torch's intra-op count is process-wide: remembering the count the engine set lets a later

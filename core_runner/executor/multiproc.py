@@ -170,7 +170,7 @@ def _watch(workers: _Workers, device_group: Any) -> None:
 
 class MultiprocRunner:
     """Rank 0's ``ModelRunner`` (``.runner``) plus the other ranks; the engine calls it as
-    it calls a runner (``execute_model``, ``reset_rows``, ``initialize_kv_cache``,
+    it calls a runner (``execute_model``, ``reset_rows``, ``initialize_kv_cache``, ``release_kv_caches``,
     ``capture_graphs``) and reads rank 0's state through ``.runner``."""
 
     def __init__(self, group: GroupCoordinator, channel: ControlChannel, workers: _Workers) -> None:
@@ -239,8 +239,11 @@ class MultiprocRunner:
     def execute_model(self, out: Any, dummy: bool = False) -> Any:
         return self._call("execute_model", out, dummy)
 
-    def initialize_kv_cache(self, num_blocks: int) -> None:
-        self._call("initialize_kv_cache", num_blocks)
+    def initialize_kv_cache(self, num_blocks: int, num_rows: int | None = None) -> None:
+        self._call("initialize_kv_cache", num_blocks, num_rows)
+
+    def release_kv_caches(self) -> None:
+        self._call("release_kv_caches")
 
     def capture_graphs(self) -> int:
         return self._call("capture_graphs")

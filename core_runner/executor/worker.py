@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 SHUTDOWN = "shutdown"
 # the calls a worker accepts from rank 0 (names of ModelRunner methods)
-CALLS = ("execute_model", "reset_rows", "initialize_kv_cache", "capture_graphs")
+CALLS = ("execute_model", "reset_rows", "initialize_kv_cache", "release_kv_caches", "capture_graphs")
 
 
 def rank_device(device: str, local_rank: int) -> str:

@@ -6,6 +6,9 @@ numel x itemsize. A model of more than ``EXACT_LAYERS`` layers is
 built with 1 and 2 layers instead (``num_hidden_layers`` and every list as long as it are
 cut) and the difference extrapolated: building 10,000 layers, even of fake tensors, takes
 seconds. A class that cannot be built so gives no estimate (the real build then runs).
+The same fake build gives the bytes of per-row recurrent state (``RowStateSpec`` layers:
+Mamba's conv and SSM state) one request row takes, which the default ``max_num_seqs`` is
+fitted to before any row is allocated (``engine/defaults.fit_max_num_seqs``).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import Any
 
 import torch
 
+from core_runner.kv_cache_spec import RowStateSpec, collect_kv_cache_specs
 from core_runner.loader.config_checks import CORE_SIZES
 from core_runner.quantization.construction import building_for
 
@@ -32,10 +36,12 @@ class Footprint:
     largest: str  # the largest tensor's name and shape
     largest_bytes: int
     extrapolated: bool  # from 1 and 2 layers (see the module docstring)
+    state_bytes_per_row: int = 0  # every RowStateSpec layer's state for one request row
+    snapshot_bytes_per_row: int = 0  # what a prefix-cache snapshot of that row keeps (no scratch)
 
 
 def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
-                     quantization: Any = None) -> tuple[int, str, int]:
+                     quantization: Any = None) -> tuple[int, str, int, int, int]:
     # fake tensors take .to("cpu") (RoPE tables are built there), which meta tensors refuse; the meta
     # default device keeps every tensor, and every per-device cache key (shared RoPE tables), off
     # the devices a real build uses, so nothing fake can leak into one
@@ -58,7 +64,9 @@ def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
         total += b
         if b > largest_bytes:
             largest, largest_bytes = f"{name} {list(t.shape)}", b
-    return total, largest, max(largest_bytes, 0)
+    rows = [s for s in collect_kv_cache_specs(model, dtype) if isinstance(s, RowStateSpec)]
+    return (total, largest, max(largest_bytes, 0), sum(s.bytes_per_row() for s in rows),
+            sum(s.persistent().bytes_per_row() for s in rows))
 
 
 def _with_layers(hf_config: Any, k: int) -> Any:
@@ -79,11 +87,12 @@ def estimate_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
     n = getattr(hf_config, "num_hidden_layers", None)
     try:
         if isinstance(n, int) and n > EXACT_LAYERS:
-            one, _, _ = _built_footprint(model_cls, _with_layers(hf_config, 1), dtype, quantization)
-            two, largest, largest_bytes = _built_footprint(model_cls, _with_layers(hf_config, 2), dtype, quantization)
-            return Footprint(one + (n - 1) * max(0, two - one), largest, largest_bytes, True)
-        total, largest, largest_bytes = _built_footprint(model_cls, hf_config, dtype, quantization)
-        return Footprint(total, largest, largest_bytes, False)
+            one = _built_footprint(model_cls, _with_layers(hf_config, 1), dtype, quantization)
+            two = _built_footprint(model_cls, _with_layers(hf_config, 2), dtype, quantization)
+            more = [a + (n - 1) * max(0, b - a) for a, b in ((one[i], two[i]) for i in (0, 3, 4))]
+            return Footprint(more[0], two[1], two[2], True, more[1], more[2])
+        total, largest, largest_bytes, state, snap = _built_footprint(model_cls, hf_config, dtype, quantization)
+        return Footprint(total, largest, largest_bytes, False, state, snap)
     except Exception as e:  # noqa: BLE001 - any class that needs real storage to build: no estimate
         logger.debug("%s cannot be built with fake tensors (%s: %s): weights not estimated", model_cls.__name__,
                      type(e).__name__, e)

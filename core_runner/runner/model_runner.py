@@ -116,23 +116,35 @@ class ModelRunner:
                     module.kv_cache_group = group_of.get(prefix + name, 0)
 
     # ---- memory -------------------------------------------------------------------
-    def initialize_kv_cache(self, num_blocks: int) -> None:
+    def initialize_kv_cache(self, num_blocks: int, num_rows: int | None = None) -> None:
+        """Allocate and bind every cache: ``num_blocks`` blocks per paged layer and
+        ``num_rows`` (None: every request row) rows of each layer's row state, with the
+        prefix-cache snapshot slots when there are rows. Caches bound before are replaced."""
+        rows = self.req_state.num_rows if num_rows is None else num_rows
         specs = self.cache_specs()
         self.kv_caches.update(self.kv_layout.allocate(specs, num_blocks, self.block_size, self.device))
         for spec in specs:
             if isinstance(spec, PagedCacheSpec):
                 continue
             elif isinstance(spec, RowStateSpec):
-                self.kv_caches[spec.layer_name] = spec.allocate(self.req_state.num_rows, self.device)
+                self.kv_caches[spec.layer_name] = spec.allocate(rows, self.device)
             else:
                 raise TypeError(f"unknown cache spec {spec!r}")
         if self.drafter is not None:
             self.drafter.bind(self.kv_caches)
         self.model_state.bind_kv_caches({k: v for k, v in self.kv_caches.items() if not k.startswith("drafter.")})
         if self.state_snapshot_slots:
+            slots = self.state_snapshot_slots if rows else 0
             self.model_state.bind_state_snapshots({
-                s.layer_name: s.persistent().allocate(self.state_snapshot_slots, self.device)
+                s.layer_name: s.persistent().allocate(slots, self.device)
                 for s in self.model_state.kv_cache_specs() if isinstance(s, RowStateSpec)})
+
+    def release_kv_caches(self) -> None:
+        """Free the bound caches: zero-size ones of the same structure are bound in their
+        place (through the same binds, so the layers and the ModelState drop their
+        references), and the runner keeps none."""
+        self.initialize_kv_cache(0, num_rows=0)
+        self.kv_caches.clear()
 
     # ---- one step -----------------------------------------------------------------
     @torch.inference_mode()
