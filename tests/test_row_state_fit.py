@@ -1,7 +1,7 @@
 """The default max_num_seqs of a hybrid model is fitted to its per-row state
 (``engine/defaults.fit_max_num_seqs``): on an H100 the engine's default 1,024 rows of
 granite-4.0-h-350m's Mamba state, with their prefix-cache snapshots, left the attention
-layers' KV pool no block. A max_num_seqs the user gave is kept, and one whose state leaves
+layers' KV pool no block (the profile's caches were also counted twice, fixed since). A max_num_seqs the user gave is kept, and one whose state leaves
 no room for a request is refused naming max_num_seqs."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from core_runner.config import EngineConfig
-from core_runner.engine.defaults import ROW_STATE_SHARE, fit_max_num_seqs
+from core_runner.engine.defaults import ROW_FIT_SHARE, fit_max_num_seqs
 
 
 @pytest.fixture(scope="module")
@@ -52,18 +52,21 @@ def test_footprint_reports_the_engines_row_state(hybrid_path):
 
 def test_chosen_max_num_seqs_is_lowered_to_fit_the_row_state(hybrid_path):
     eng = _llm(hybrid_path, max_num_seqs=4).engine
-    per_row = eng.memory_report()["state_bytes_per_row"]
+    rep = eng.memory_report()
+    per_row, snap_row = rep["state_bytes_per_row"], rep["state_snapshot_bytes"] // rep["state_snapshot_slots"]
     assert eng.config.max_num_seqs == 4  # given: never changed
     weights = sum(p.numel() * p.element_size() for p in eng.model.parameters())
-    # free memory for about 20 rows of state (+ snapshots) in half the cache budget
-    free = weights + int(2 * 20 * 2 * per_row / 0.5)
+    free = weights + 160 * per_row  # a cache budget (fraction 0.5) of 80 rows' state
+
+    def need(n: int) -> int:  # rows + scratch row, a snapshot per row, 64 tokens of KV per row
+        return per_row * (n + 1) + snap_row * n + n * 64 * rep["kv_bytes_per_token"]
+
     fitted = _llm(hybrid_path, memory_probe=lambda d: free).engine
+    seqs = fitted.config.max_num_seqs
     assert EngineConfig(model=hybrid_path, device="cpu").max_num_seqs == 64  # the CPU default
-    assert 8 <= fitted.config.max_num_seqs < 64
-    assert fitted.config.max_num_seqs & (fitted.config.max_num_seqs - 1) == 0  # halved from 64
-    rep = fitted.memory_report()
-    row_bytes = rep["state_bytes_per_row"] * (fitted.config.max_num_seqs + 1) + rep["state_snapshot_bytes"]
-    assert row_bytes <= ROW_STATE_SHARE * 0.5 * (free - weights)
+    assert 1 < seqs < 64 and seqs & (seqs - 1) == 0  # halved from 64
+    assert need(seqs) <= ROW_FIT_SHARE * 0.5 * (free - weights) < need(2 * seqs)
+    assert fitted.memory_report()["state_snapshot_slots"] == seqs
     assert fitted.num_blocks >= fitted.blocks_per_request()
     outs = _llm(hybrid_path, memory_probe=lambda d: free).generate([[3, 4, 5]], use_tqdm=False)
     assert len(outs[0].outputs[0].token_ids) > 0
@@ -78,16 +81,20 @@ def test_given_max_num_seqs_whose_state_leaves_no_pool_is_refused_by_name(hybrid
 
 
 def test_fit_function_keeps_given_and_stateless_limits():
-    cfg = EngineConfig(model="m", device="cpu")
+    cfg = EngineConfig(model="m", device="cpu", max_model_len=1024)
     assert cfg.max_num_seqs == 64
-    assert fit_max_num_seqs(cfg, 0, 0, True, 0, 1 << 30, 1 << 30) == 64  # no row state
-    assert fit_max_num_seqs(cfg, 1 << 20, 1 << 20, True, 0, 1 << 40, 1 << 40) == 64  # plenty of memory
-    # 1 MiB a row + 1 MiB a snapshot; 0.5 x 64 MiB free = 32 MiB budget, half of it for rows: 7 rows + 7
-    # snapshots + 1 scratch = 15 MiB fits, 15 + 16 does not
-    assert fit_max_num_seqs(cfg, 1 << 20, 1 << 20, True, 0, 64 << 20, 64 << 20) == 4
-    assert fit_max_num_seqs(cfg, 1 << 20, 1 << 20, False, 0, 64 << 20, 64 << 20) == 8  # no snapshots
+    mib = 1 << 20
+    assert fit_max_num_seqs(cfg, 0, 0, 0, True, 0, mib << 10, mib << 10) == 64  # no row state
+    assert fit_max_num_seqs(cfg, mib, mib, 0, True, 0, 1 << 40, 1 << 40) == 64  # plenty of memory
+    # 1 MiB a row + 1 MiB a snapshot; 0.5 x 64 MiB free = 32 MiB of cache, 0.8 of it = 25.6 MiB for
+    # n rows + 1 scratch + n snapshots: 8 rows take 17 MiB, 16 take 33
+    assert fit_max_num_seqs(cfg, mib, mib, 0, True, 0, 64 * mib, 64 * mib) == 8
+    assert fit_max_num_seqs(cfg, mib, mib, 0, False, 0, 64 * mib, 64 * mib) == 16  # no snapshots
+    # and 1,024 tokens of 2 KiB KV per row: 2 MiB more a row, so 8 rows take 33 MiB, 4 take 17
+    assert fit_max_num_seqs(cfg, mib, mib, 2048, True, 0, 64 * mib, 64 * mib) == 4
+    assert fit_max_num_seqs(cfg, mib, mib, 0, True, 32 * mib, 96 * mib, 96 * mib) == 8  # weights come off first
     given = EngineConfig(model="m", device="cpu", max_num_seqs=64)
-    assert fit_max_num_seqs(given, 1 << 20, 1 << 20, True, 0, 64 << 20, 64 << 20) == 64
+    assert fit_max_num_seqs(given, mib, mib, 0, True, 0, 64 * mib, 64 * mib) == 64
 
 
 def test_released_caches_are_freed_and_a_bind_that_keeps_them_is_caught(hybrid_path):

@@ -167,20 +167,22 @@ def kv_cache_budget(config: EngineConfig, free: int, total: int, activation_byte
 
 
 # The default max_num_seqs of a model with per-row recurrent state is lowered until the
-# rows' state (and its prefix-cache snapshots) takes at most this share of the cache memory,
-# so the attention layers' KV pool keeps the rest: 1,024 rows of granite-4.0-h-350m's 28 Mamba
-# layers with their snapshots would take ~46 GB, and the H100 left the pool no block.
-ROW_STATE_SHARE = 0.5
+# rows' state (with its prefix-cache snapshots) and a full-length KV for every row fit this
+# share of the cache memory; the rest is left to the activations and the KV pool's slack.
+# Mamba2-780m's state of 1,024 rows (~75 GB) cannot fit an 80 GB GPU at all, while
+# granite-4.0-h-350m's 1,024 rows (~43 GiB with snapshots) leave its 4 attention layers room.
+ROW_FIT_SHARE = 0.8
 
 
 def fit_max_num_seqs(config: EngineConfig, state_bytes_per_row: int, snapshot_bytes_per_row: int,
-                     snapshots: bool, weight_bytes: int, free: int, total: int) -> int:
+                     kv_bytes_per_token: int, snapshots: bool, weight_bytes: int, free: int, total: int) -> int:
     """The max_num_seqs to use: the config's, or, when the engine chose it (the user left it
     None) and the model keeps per-row state, the largest power-of-two fraction of it whose
-    rows (+1 scratch row) and snapshot slots (one per row when ``snapshots`` and
-    ``mamba_cache_slots`` is None) fit ``ROW_STATE_SHARE`` of the cache memory: what
-    ``kv_cache_budget`` gives before the weights (``weight_bytes``, not loaded yet) are in
-    use. Never below 1: a single row that does not fit is refused later, by name."""
+    rows (+1 scratch row), snapshot slots (one per row when ``snapshots`` and
+    ``mamba_cache_slots`` is None) and ``max_model_len`` tokens of KV per row fit
+    ``ROW_FIT_SHARE`` of the cache memory: what ``kv_cache_budget`` gives before the weights
+    (``weight_bytes``, not loaded yet) are in use. Never below 1: a single row that does not
+    fit is refused later, by name."""
     seqs = config.max_num_seqs
     if not getattr(config, "_chosen_limits", (False, False))[0] or state_bytes_per_row <= 0:
         return seqs
@@ -191,9 +193,10 @@ def fit_max_num_seqs(config: EngineConfig, state_bytes_per_row: int, snapshot_by
 
     def need(n: int) -> int:
         slots = (config.mamba_cache_slots or n) if snapshots else 0
-        return state_bytes_per_row * (n + 1) + snapshot_bytes_per_row * slots
+        kv = n * config.max_model_len * kv_bytes_per_token
+        return state_bytes_per_row * (n + 1) + snapshot_bytes_per_row * slots + kv
 
-    while seqs > 1 and need(seqs) > ROW_STATE_SHARE * budget:
+    while seqs > 1 and need(seqs) > ROW_FIT_SHARE * budget:
         seqs //= 2
     return seqs
 

@@ -161,12 +161,13 @@ class LLMEngine:
         (``fit_max_num_seqs``); the plan is made again for the new config."""
         c = self.config
         seqs = fit_max_num_seqs(c, fp.state_bytes_per_row // share, fp.snapshot_bytes_per_row // share,
-                                self.plan.prefix_caching, fp.bytes // share, free, total)
+                                fp.kv_bytes_per_token // share, self.plan.prefix_caching, fp.bytes // share, free,
+                                total)
         if seqs == c.max_num_seqs:
             return
         tokens = c.max_num_batched_tokens if not c._chosen_limits[1] else None
-        logger.info("max_num_seqs %d -> %d: %s keeps %.1f MiB of per-row state a request row, and more rows would "
-                    "leave the KV pool less than half the cache memory (pass max_num_seqs to choose)",
+        logger.info("max_num_seqs %d -> %d: %s keeps %.1f MiB of per-row state a request row, and more rows (with "
+                    "their snapshots and full-length KV) would not fit the cache memory (pass max_num_seqs to choose)",
                     c.max_num_seqs, seqs, self.architecture, fp.state_bytes_per_row / 2**20)
         self.config = dataclasses.replace(c, max_num_seqs=seqs, max_num_batched_tokens=tokens)
         object.__setattr__(self.config, "_chosen_limits", c._chosen_limits)

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from core_runner.kv_cache_spec import RowStateSpec, collect_kv_cache_specs
+from core_runner.kv_cache_spec import PagedCacheSpec, RowStateSpec, collect_kv_cache_specs
 from core_runner.loader.config_checks import CORE_SIZES
 from core_runner.quantization.construction import building_for
 
@@ -38,10 +38,11 @@ class Footprint:
     extrapolated: bool  # from 1 and 2 layers (see the module docstring)
     state_bytes_per_row: int = 0  # every RowStateSpec layer's state for one request row
     snapshot_bytes_per_row: int = 0  # what a prefix-cache snapshot of that row keeps (no scratch)
+    kv_bytes_per_token: int = 0  # every paged layer's K/V entry for one token, in the model's dtype
 
 
 def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
-                     quantization: Any = None) -> tuple[int, str, int, int, int]:
+                     quantization: Any = None) -> tuple[int, str, int, int, int, int]:
     # fake tensors take .to("cpu") (RoPE tables are built there), which meta tensors refuse; the meta
     # default device keeps every tensor, and every per-device cache key (shared RoPE tables), off
     # the devices a real build uses, so nothing fake can leak into one
@@ -64,9 +65,11 @@ def _built_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
         total += b
         if b > largest_bytes:
             largest, largest_bytes = f"{name} {list(t.shape)}", b
-    rows = [s for s in collect_kv_cache_specs(model, dtype) if isinstance(s, RowStateSpec)]
+    specs = collect_kv_cache_specs(model, dtype)
+    rows = [s for s in specs if isinstance(s, RowStateSpec)]
     return (total, largest, max(largest_bytes, 0), sum(s.bytes_per_row() for s in rows),
-            sum(s.persistent().bytes_per_row() for s in rows))
+            sum(s.persistent().bytes_per_row() for s in rows),
+            sum(s.bytes_per_token() for s in specs if isinstance(s, PagedCacheSpec)))
 
 
 def _with_layers(hf_config: Any, k: int) -> Any:
@@ -89,10 +92,10 @@ def estimate_footprint(model_cls: type, hf_config: Any, dtype: torch.dtype,
         if isinstance(n, int) and n > EXACT_LAYERS:
             one = _built_footprint(model_cls, _with_layers(hf_config, 1), dtype, quantization)
             two = _built_footprint(model_cls, _with_layers(hf_config, 2), dtype, quantization)
-            more = [a + (n - 1) * max(0, b - a) for a, b in ((one[i], two[i]) for i in (0, 3, 4))]
-            return Footprint(more[0], two[1], two[2], True, more[1], more[2])
-        total, largest, largest_bytes, state, snap = _built_footprint(model_cls, hf_config, dtype, quantization)
-        return Footprint(total, largest, largest_bytes, False, state, snap)
+            more = [a + (n - 1) * max(0, b - a) for a, b in ((one[i], two[i]) for i in (0, 3, 4, 5))]
+            return Footprint(more[0], two[1], two[2], True, *more[1:])
+        total, largest, largest_bytes, *caches = _built_footprint(model_cls, hf_config, dtype, quantization)
+        return Footprint(total, largest, largest_bytes, False, *caches)
     except Exception as e:  # noqa: BLE001 - any class that needs real storage to build: no estimate
         logger.debug("%s cannot be built with fake tensors (%s: %s): weights not estimated", model_cls.__name__,
                      type(e).__name__, e)
