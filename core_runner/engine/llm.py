@@ -214,7 +214,8 @@ class LLM:
             prompts, params = [], []
             for ids, start in sc.encode_pairs(self.tokenizer, pairs, limit):
                 prompts.append({"prompt_token_ids": ids})
-                params.append(dataclasses.replace(base, truncate_prompt_tokens=None, compressed_token_type_ids=start))
+                params.append(dataclasses.replace(base, truncate_prompt_tokens=None, compressed_token_type_ids=start,
+                                                  task=base.task or "score"))
             return sc.cross_encoder_scores(self._pool(prompts, params, "score", use_tqdm))
         if "embed" in self.engine.tasks:
             texts = list(dict.fromkeys(t for pair in pairs for t in pair))
@@ -272,7 +273,7 @@ class LLM:
             if p.task not in (None, task):
                 raise ValueError(f"PoolingParams.task={p.task!r} of prompt {i} is invalid in LLM.{task}(): "
                                  f"expected None or {task!r}")
-        params = [dataclasses.replace(p, task=task) for p in params]
+        params = [p if p.task == task else dataclasses.replace(p, task=task) for p in params]
         with self.engine.lock:
             reqs = self._process(prompts,
                                  lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))

@@ -15,7 +15,7 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # identity: the scheduler removes requests from its lists by it
 class Request:
     req_id: str
     prompt_token_ids: list[int]
