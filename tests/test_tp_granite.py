@@ -56,14 +56,18 @@ def checkpoints(tmp_path_factory, single_torch_thread) -> dict[str, str]:
     return paths
 
 
-def _scenario(path: str, **options) -> dict:
+def _scenario(path: str, rebind: bool = False, **options) -> dict:
     """Run the three requests; returns tokens, logits by position, rows, the steps'
-    scheduling and the shapes of (rank 0's) Mamba state buffers."""
+    scheduling and the shapes of (rank 0's) Mamba state buffers. ``rebind``: first release
+    the caches on every rank and bind new ones, as the GPU memory profile does."""
     from core_runner import LLM
+    from core_runner.conformance.checks_state import rebind_caches
     from core_runner.conformance.harness import Recorder
 
     engine = LLM(path, **ENGINE, **options).engine
     try:
+        if rebind:
+            rebind_caches(engine)
         rec = Recorder(engine, strict=True)
         prompts = dict(zip(PROMPT_LENGTHS, random_prompts(list(PROMPT_LENGTHS.values()), seed=7, vocab=VOCAB)))
         outs = run(engine, [(name, p, greedy(N_NEW)) for name, p in prompts.items()])
@@ -129,6 +133,11 @@ def test_tp_equals_tp1(checkpoints, references, name, options):
         local = _state_width(got["state_shapes"])[key]
         want = full // tp if key.endswith("ssm_state") else (full - bc) // tp + local_bc
         assert local == want, f"{key}: {local} channels/heads on rank 0, expected {want}"
+
+
+def test_tp_caches_released_and_bound_again_on_every_rank(checkpoints, references):
+    got = _scenario(checkpoints["moe_rope"], rebind=True, tensor_parallel_size=2)
+    assert got["tokens"] == references["moe_rope"]["tokens"]  # the ranks' rebound rows and pools serve
 
 
 # ---------------------------------------------------------------------------------
