@@ -1,8 +1,9 @@
 """The default max_num_seqs of a hybrid model is fitted to its per-row state
 (``engine/defaults.fit_max_num_seqs``): on an H100 the engine's default 1,024 rows of
 granite-4.0-h-350m's Mamba state, with their prefix-cache snapshots, left the attention
-layers' KV pool no block (the profile's caches were also counted twice, fixed since). A max_num_seqs the user gave is kept, and one whose state leaves
-no room for a request is refused naming max_num_seqs."""
+layers' KV pool no block (the profile's caches were also counted twice, fixed since). A
+max_num_seqs the user gave is kept, and one whose state leaves no room for a request is
+refused naming max_num_seqs."""
 from __future__ import annotations
 
 import pytest
@@ -38,9 +39,9 @@ def _llm(path: str, **kw):
 
 def test_footprint_reports_the_engines_row_state(hybrid_path):
     import transformers
+    from core_runner_granite_hybrid.model import GraniteMoeHybridForCausalLM
 
     from core_runner.loader import estimate_footprint
-    from core_runner_granite_hybrid.model import GraniteMoeHybridForCausalLM
 
     eng = _llm(hybrid_path, max_num_seqs=4).engine
     fp = estimate_footprint(GraniteMoeHybridForCausalLM, transformers.AutoConfig.from_pretrained(hybrid_path),

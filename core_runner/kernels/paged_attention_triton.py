@@ -97,6 +97,7 @@ def _attn_kernel(
     BLOCK_D: tl.constexpr, HEAD_SIZE: tl.constexpr, ONE_BLOCK_PER_REQ: tl.constexpr, CAUSAL: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr, UNMASKED_LOOP: tl.constexpr,
     WINDOWED: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_KV_SCALE: tl.constexpr,
+    FP16_DOT: tl.constexpr,
 ):
     BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     # Reversed so the heaviest work starts first: prefills sit after the decode rows
@@ -151,6 +152,10 @@ def _attn_kernel(
     # so the k scale joins the score scale and the v scale multiplies the accumulator once
     if HAS_KV_SCALE:
         qk_scale = qk_scale * tl.load(kv_scale_ptr)
+    if FP16_DOT:  # fp8 keys and values become fp16 in one conversion (bf16 takes three); q carries
+        # the score scale into fp16, which keeps it far from fp16's range limit
+        q = (q.to(tl.float32) * qk_scale).to(tl.float16)
+        qk_scale = 1.0
 
     # Keys below pos0 + 1 are visible to every row, so whole tiles there can skip all
     # masks. That pays for prefill tiles but slows decode (two pipelined loops instead of
@@ -237,7 +242,8 @@ def paged_attention_triton(
     (and needed) is the device read, so pass them under CUDA graphs. num_splits > 1
     forces the split-KV path; None lets a heuristic choose (split only for decode).
     ``config`` overrides the launch parameters (BLOCK_M, BLOCK_N, num_warps, num_stages,
-    UNMASKED_LOOP): a measurement hook (benchmarks/attn_sweep.py). ``sliding_window``,
+    UNMASKED_LOOP, FP16_DOT: the products in fp16, default for an fp8 cache under a 16-bit
+    q): a measurement hook (benchmarks/attn_sweep.py). ``sliding_window``,
     ``logits_soft_cap``, ``sinks`` ([heads]) and ``kv_scale`` (float32 [2] on the device: the
     k / v cache scales) as in ``paged_attention_ref``."""
     num_tokens, num_heads, head_size = q.shape
@@ -261,6 +267,7 @@ def paged_attention_triton(
     block_d = max(triton.next_power_of_2(head_size), 16)
     cfg = {**_launch_config(max_query_len, group_pad, block_d, kv_cache.element_size(), q.device), **(config or {})}
     cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)  # an override may ask for fewer rows than the group
+    cfg.setdefault("FP16_DOT", kv_cache.element_size() == 1 and q.dtype != torch.float32)
     block_q = cfg["BLOCK_M"] // group_pad
     one_block = max_query_len <= block_q
     num_main = num_reqs if one_block else num_tokens // block_q + num_reqs
@@ -296,7 +303,8 @@ def paged_attention_triton(
         HEAD_SIZE=head_size, ONE_BLOCK_PER_REQ=one_block, CAUSAL=causal, NUM_SPLITS=num_splits,
         DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"],
         WINDOWED=sliding_window is not None, SOFT_CAP=cap is not None, HAS_SINKS=sinks is not None,
-        HAS_KV_SCALE=kv_scale is not None, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        HAS_KV_SCALE=kv_scale is not None, FP16_DOT=cfg["FP16_DOT"], num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         merge_splits(out, (m_buf, l_buf, acc_buf), query_start_loc, num_reqs, num_splits, block_d)

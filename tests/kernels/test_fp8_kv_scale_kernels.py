@@ -149,3 +149,27 @@ def test_triton_runner_takes_the_checkpoint_scales(tmp_path, device):
     if exact:  # on the CPU the quirk entries (a factor of 2) move this tiny model's logits by up to 1/6 of the spread
         for a, b in zip(*(got[n][0] for n in ("plain", "scaled"))):
             assert (a - b).abs().max() < 0.01 * (a.max() - a.min())
+
+
+@pytest.mark.parametrize("splits", [None, 2])
+def test_fp8_cache_under_16_bit_q_multiplies_in_fp16(device, splits):
+    """An fp8 cache under a bf16 / fp16 q takes the fp16 products by default (one conversion
+    of each fp8 value); both product types match the fp32 reference to the 16-bit q's rounding."""
+    reqs = [(1, 9), (1, 5), (4, 6)]
+    q, cache, qsl, lens, bt = _case(device, reqs, 4, 2, 16, 4, seed=8)
+    q = q * 3.0  # scores of several units: the fp16 q carries the score scale
+    ref = paged_attention_ref(q, cache, qsl, lens, bt, 0.25, True, None, 2.0, None, kv_scale=SCALES)
+    dev = [x.to(device) for x in (cache, qsl, lens, bt)]
+    outs = {}
+    for dtype in (torch.bfloat16, torch.float16):
+        for fp16 in (True, False, None):
+            if dtype == torch.bfloat16 and fp16 is False and device == "cpu":
+                continue  # the interpreter's fp8 -> bf16 conversion overflows (numpy has no bf16); the GPU checks it
+            cfg = None if fp16 is None else {"FP16_DOT": fp16}
+            outs[dtype, fp16] = paged_attention_triton(q.to(dtype).to(device), *dev, 0.25, max_query_len=4,
+                                                       max_seq_len=9, num_splits=splits, logits_soft_cap=2.0,
+                                                       kv_scale=SCALES.to(device), config=cfg).float().cpu()
+            torch.testing.assert_close(outs[dtype, fp16], ref, rtol=3e-2, atol=3e-2)
+        assert torch.equal(outs[dtype, None], outs[dtype, True])  # the default for a 16-bit q
+    if device != "cpu":  # fp16 products are no less precise than bf16 ones
+        assert (outs[torch.bfloat16, True] - ref).abs().max() <= (outs[torch.bfloat16, False] - ref).abs().max() * 1.5

@@ -1,4 +1,5 @@
-"""The sampler's kernels, split MLA attention and the fused MoE (biases, swigluoai; fp8) compile for sm90 (H100/H200)
+"""The sampler's kernels, split MLA attention, the fused MoE (biases, swigluoai; fp8) and paged attention over an fp8
+cache (fp16 products) compile for sm90 (H100/H200)
 on a machine without a GPU: a kernel the GPU compiler rejects fails here, not in a device
 call. The interpreter never compiles, so this runs ``sm90_compile.py`` in a process
 without TRITON_INTERPRET."""
@@ -9,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-CASES = ["gumbel", "cut_block128_cap128", "cut_bf16", "mla_split", "moe_bias_swigluoai", "moe_fp8"]
+CASES = ["gumbel", "cut_block128_cap128", "cut_bf16", "mla_split", "moe_bias_swigluoai", "moe_fp8",
+         "fp8kv_scaled_split"]
 
 
 def test_sampler_kernels_compile_for_sm90():
