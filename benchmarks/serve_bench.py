@@ -149,9 +149,9 @@ def serve_once(a: argparse.Namespace, model: str, engine: str, workload) -> tupl
     try:
         wait_ready(a.port, proc)
         asyncio.run(clients(a.port, model, workload[:8]))  # warm-up: graphs and kernels compiled already
-        cpu0 = _cpu_seconds(proc.pid)
+        cpu0, ttft0 = _cpu_seconds(proc.pid), _api_ttft(a.port)
         tokens, wall, results = asyncio.run(clients(a.port, model, workload))
-        cpu = _cpu_seconds(proc.pid) - cpu0
+        cpu, ttft1 = _cpu_seconds(proc.pid) - cpu0, _api_ttft(a.port)
     finally:
         proc.terminate()
         proc.wait(60)
@@ -161,7 +161,42 @@ def serve_once(a: argparse.Namespace, model: str, engine: str, workload) -> tupl
     print(f"  serve ({engine}) client view: status line p10/p50/p90 {' / '.join(f'{heads[i]:.2f}' for i in q)} s, "
           f"first chunk {' / '.join(f'{ttft[i]:.2f}' for i in q)} s, {sum(r[4] for r in results):,} events for "
           f"{tokens:,} tokens; API process CPU {cpu:.1f} s in {wall:.1f} s", flush=True)
+    if ttft0 is not None and ttft1 is not None and ttft1[1] > ttft0[1]:
+        # the API process's own TTFT (from its start of a request to the event loop taking the first
+        # token from the core): small here with a late first chunk means the delay is in delivery
+        n = ttft1[1] - ttft0[1]
+        below = {le: c1 - ttft0[2].get(le, 0) for le, c1 in ttft1[2].items()}
+        p50 = min((le for le, c in below.items() if c >= n / 2), default=float("inf"))
+        print(f"  serve ({engine}) API-side TTFT (vllm:time_to_first_token_seconds over {n:.0f} requests): mean "
+              f"{(ttft1[0] - ttft0[0]) / n:.2f} s, p50 <= {p50:g} s", flush=True)
     return tokens / wall, tokens, wall, ttft[len(ttft) // 2]
+
+
+def _api_ttft(port: int) -> tuple[float, float, dict[float, float]] | None:
+    """(sum, count, {bucket upper bound: count}) of the server's TTFT histogram, or None."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return parse_ttft(r.read().decode())
+    except OSError:
+        return None
+
+
+def parse_ttft(text: str) -> tuple[float, float, dict[float, float]]:
+    """(sum, count, {le: cumulative count}) of ``vllm:time_to_first_token_seconds`` in a
+    Prometheus text exposition, summed over its label sets."""
+    total, count, buckets = 0.0, 0.0, {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:time_to_first_token_seconds"):
+            continue
+        name, value = line.rsplit(" ", 1)
+        if name.startswith("vllm:time_to_first_token_seconds_sum"):
+            total += float(value)
+        elif name.startswith("vllm:time_to_first_token_seconds_count"):
+            count += float(value)
+        elif "_bucket" in name and 'le="' in name:
+            le = float(name.split('le="', 1)[1].split('"', 1)[0])
+            buckets[le] = buckets.get(le, 0.0) + float(value)
+    return total, count, buckets
 
 
 def _cpu_seconds(pid: int) -> float:
