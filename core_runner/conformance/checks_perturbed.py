@@ -44,7 +44,7 @@ def _checkpoint_run(ctx: Ctx) -> None:
 def _variant_ctx(ctx: Ctx, example: Any) -> Ctx:
     ref = ctx.session.scratch_reference(ctx.registration, example, like=ctx.ref)
     return Ctx(session=ctx.session, check=ctx.check, registration=ctx.registration, example=example,
-               capability=ctx.capability, metrics=ctx.metrics, reference=ref)
+               capability=ctx.capability, metrics=ctx.metrics, reference=ref, kv_groups_hint=ctx.kv_cache_groups())
 
 
 def names_the_field(err: BaseException, v: Variant, checkpoint: str) -> bool:

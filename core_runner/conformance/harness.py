@@ -191,6 +191,12 @@ _KV_GROUPS: dict[str, int] = {}  # checkpoint path -> KV cache groups of its eng
 _ROW_STATE: dict[str, bool] = {}  # checkpoint path -> whether its model keeps per-row state
 
 
+def _remember(path: str, report: dict) -> None:
+    """Cache what an engine on ``path`` reports of its caches (its memory_report)."""
+    _KV_GROUPS[path] = report["kv_cache_groups"]
+    _ROW_STATE[path] = report["state_bytes_per_row"] > 0
+
+
 @dataclass
 class Ctx:
     """What a check gets: its case, the plugin manager, references and engines, and a
@@ -205,6 +211,9 @@ class Ctx:
                                                    "notes": []})
     reference: Reference | None = None  # set: this reference instead of the session's for the example
     diagnose: bool = True  # a failure against the reference names the first diverging module
+    # a variant of an example: the example's KV cache group count, which most variants share
+    # (``llm`` then builds no probe engine to count them first)
+    kv_groups_hint: int | None = None
 
     @property
     def tolerance(self) -> Tolerance:
@@ -244,8 +253,19 @@ class Ctx:
         model = opts.pop("model", str(self.ref.path))  # another checkpoint of the example (a variant)
         sizes = [opts["max_num_seqs"], opts["max_model_len"], opts["block_size"]]
         if "num_kv_blocks" not in overrides and all(isinstance(v, int) and v > 0 for v in sizes):
-            opts["num_kv_blocks"] = self.pool(opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"]),
-                                              model, opts.get("load_format"))
+            blocks = opts["max_num_seqs"] * cdiv(opts["max_model_len"], opts["block_size"])
+            guess = self.kv_groups_hint if model not in _KV_GROUPS else None
+            if guess:  # checked against the engine's own count, and built again when it differs
+                try:
+                    llm = LLM(model, plugins=self.pm, memory_probe=memory_probe, num_kv_blocks=blocks * guess, **opts)
+                except ValueError:
+                    llm = None  # e.g. more groups than guessed cannot hold a request: probed below
+                if llm is not None:
+                    _remember(model, llm.engine.memory_report())
+                    if _KV_GROUPS[model] == guess:
+                        return llm
+                    llm.engine.shutdown()
+            opts["num_kv_blocks"] = self.pool(blocks, model, opts.get("load_format"))
         return LLM(model, plugins=self.pm, memory_probe=memory_probe, **opts)
 
     def pool(self, blocks: int, model: str | None = None, load_format: str | None = None) -> int | None:
@@ -279,9 +299,7 @@ class Ctx:
             load = {} if load_format is None else {"load_format": load_format}
             probe = LLM(path, plugins=self.pm, dtype=self.tolerance.dtype, device="cpu", max_model_len=16,
                         max_num_seqs=1, block_size=4, num_kv_blocks=None, strict=False, **load)
-            report = probe.engine.memory_report()
-            _KV_GROUPS[path] = report["kv_cache_groups"]
-            _ROW_STATE[path] = report["state_bytes_per_row"] > 0
+            _remember(path, probe.engine.memory_report())
         return _KV_GROUPS[path]
 
     def confirm_not_applicable(self) -> None:
