@@ -32,6 +32,7 @@ class KVCacheManager:
     def __init__(self, windows: list[int | None], num_blocks: int, block_size: int, margin: int = 0,
                  state_slots: int = 0, state_blocks: int = 0) -> None:
         self.windows = list(windows)
+        self._windowed = any(w is not None for w in self.windows)
         self.block_size = block_size
         self.margin = margin
         self.pool = BlockPool(num_blocks)
@@ -60,6 +61,8 @@ class KVCacheManager:
         return max(0, num_computed - self.margin - w + 1) // self.block_size
 
     def release_out_of_window(self, table: list[list[int]], num_computed: int) -> None:
+        if not self._windowed:  # every group keeps the whole sequence: nothing ever leaves
+            return
         for g, ids in enumerate(table):
             first = min(self._first_needed(g, num_computed), len(ids))
             gone = [b for b in ids[:first] if b != NULL_BLOCK]
