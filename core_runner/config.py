@@ -113,7 +113,11 @@ class EngineConfig:
       ``choose_batch_limits`` (1,024 / 8,192 on a GPU of >= 70 GiB, 256 / 2,048 on a
       smaller one, 64 / 2,048 on the CPU; the token budget at least ``max_model_len``) and
       logged. A ``max_num_batched_tokens`` below ``max_model_len`` needs a model whose
-      plugin supports chunked prefill.
+      plugin supports chunked prefill. The engine halves a chosen ``max_num_seqs`` for a
+      model with per-row recurrent state (Mamba) until the rows, their prefix-cache
+      snapshots and a full-length KV per row fit 0.8 of the cache memory
+      (``engine/defaults.fit_max_num_seqs``, logged); the engine's ``config`` shows the
+      result. A given value is kept.
     - ``gpu_memory_utilization`` (CUDA, default 0.9): the fraction of the device's total
       memory the engine may use for weights, activations (profiled with a dummy step of
       ``max_num_batched_tokens``) and the KV pool, which gets what is left. Given on the
