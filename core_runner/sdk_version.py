@@ -13,8 +13,9 @@ from packaging.version import Version
 
 # 1.1: Attention options, KV cache groups; 1.2: "not applicable", zero paged caches; 1.3: LogitsProcessor,
 # linear layers' quantized=, row-state snapshots and verification rollback (ModelState hooks);
-# 1.4: the standard decoder blocks (DecoderAttention, PreNormDecoderLayer, DecoderStack, AuxHiddenStates, CausalLM)
-SDK_VERSION = "1.5.0"
+# 1.4: the standard decoder blocks (DecoderAttention, PreNormDecoderLayer, DecoderStack, AuxHiddenStates, CausalLM);
+# 1.5.1: cache binds may repeat, a ModelState keeps only the last (documented; CR-STATE-02 checks it)
+SDK_VERSION = "1.5.1"
 
 
 def check_sdk_range(spec: str | None, plugin: str, what: str) -> None:
