@@ -150,12 +150,16 @@ def _attn_kernel(
     bt_row = bt_ptr + req.to(tl.int64) * s_bt
     # fp8 cache scales: q.(k_scale k) = k_scale (q.k), and sum p (v_scale v) = v_scale sum p v,
     # so the k scale joins the score scale and the v scale multiplies the accumulator once
+    k_scale = 1.0
     if HAS_KV_SCALE:
-        qk_scale = qk_scale * tl.load(kv_scale_ptr)
+        k_scale = tl.load(kv_scale_ptr)
     if FP16_DOT:  # fp8 keys and values become fp16 in one conversion (bf16 takes three); q carries
-        # the score scale into fp16, which keeps it far from fp16's range limit
+        # the softmax scale into fp16 (|q| / sqrt(D) stays far inside fp16's range), while the
+        # k scale, which may be small, multiplies the scores after the product
         q = (q.to(tl.float32) * qk_scale).to(tl.float16)
-        qk_scale = 1.0
+        qk_scale = k_scale
+    else:
+        qk_scale = qk_scale * k_scale
 
     # Keys below pos0 + 1 are visible to every row, so whole tiles there can skip all
     # masks. That pays for prefill tiles but slows decode (two pipelined loops instead of

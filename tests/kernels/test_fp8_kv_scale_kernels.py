@@ -157,8 +157,10 @@ def test_fp8_cache_under_16_bit_q_multiplies_in_fp16(device, splits):
     of each fp8 value); both product types match the fp32 reference to the 16-bit q's rounding."""
     reqs = [(1, 9), (1, 5), (4, 6)]
     q, cache, qsl, lens, bt = _case(device, reqs, 4, 2, 16, 4, seed=8)
-    q = q * 3.0  # scores of several units: the fp16 q carries the score scale
-    ref = paged_attention_ref(q, cache, qsl, lens, bt, 0.25, True, None, 2.0, None, kv_scale=SCALES)
+    q = q * 3.0  # scores of several units: the fp16 q carries the softmax scale
+    scales = torch.tensor([1 / 64, 0.5])  # a small k scale multiplies the scores, not the fp16 q
+    cache = torch.stack([(cache[0].float() * 64).clamp(-448, 448).to(E4M3), cache[1]])
+    ref = paged_attention_ref(q, cache, qsl, lens, bt, 0.25, True, None, 2.0, None, kv_scale=scales)
     dev = [x.to(device) for x in (cache, qsl, lens, bt)]
     outs = {}
     for dtype in (torch.bfloat16, torch.float16):
@@ -168,7 +170,7 @@ def test_fp8_cache_under_16_bit_q_multiplies_in_fp16(device, splits):
             cfg = None if fp16 is None else {"FP16_DOT": fp16}
             outs[dtype, fp16] = paged_attention_triton(q.to(dtype).to(device), *dev, 0.25, max_query_len=4,
                                                        max_seq_len=9, num_splits=splits, logits_soft_cap=2.0,
-                                                       kv_scale=SCALES.to(device), config=cfg).float().cpu()
+                                                       kv_scale=scales.to(device), config=cfg).float().cpu()
             torch.testing.assert_close(outs[dtype, fp16], ref, rtol=3e-2, atol=3e-2)
         assert torch.equal(outs[dtype, None], outs[dtype, True])  # the default for a 16-bit q
     if device != "cpu":  # fp16 products are no less precise than bf16 ones
