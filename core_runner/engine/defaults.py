@@ -186,10 +186,10 @@ def fit_max_num_seqs(config: EngineConfig, state_bytes_per_row: int, snapshot_by
     seqs = config.max_num_seqs
     if not getattr(config, "_chosen_limits", (False, False))[0] or state_bytes_per_row <= 0:
         return seqs
-    if config.gpu_memory_utilization is not None:
-        budget = int(total * config.gpu_memory_utilization) - (total - free) - weight_bytes
-    else:
-        budget = int((free - weight_bytes) * config.kv_cache_memory_fraction)
+    try:  # the weights will be in use: as if they were gone from the free memory already
+        budget = kv_cache_budget(config, free - weight_bytes, total)
+    except ValueError:  # nothing left at all: one row, which the engine's own sizing then refuses by name
+        budget = 0
 
     def need(n: int) -> int:
         slots = (config.mamba_cache_slots or n) if snapshots else 0
