@@ -65,7 +65,7 @@ def sync(device: str) -> None:
 
 
 def run_engine(model: str, queries, passages, device: str, dtype: str, batch: int,
-               tokens: int = 8192) -> tuple[dict, torch.Tensor]:
+               tokens: int = 8192, profile: bool = False) -> tuple[dict, torch.Tensor]:
     from core_runner import LLM
 
     llm = LLM(model, device=device, dtype=dtype, max_model_len=512, max_num_seqs=batch,
@@ -80,9 +80,31 @@ def run_engine(model: str, queries, passages, device: str, dtype: str, batch: in
     n = sum(len(o.prompt_token_ids) for o in outs)
     res = {"pairs_per_s": len(queries) / elapsed, "tokens_per_s": n / elapsed, "seconds": elapsed,
            "mean_pair_tokens": n / len(outs), "max_num_batched_tokens": tokens, "plan": repr(llm.engine.plan)}
+    if profile:
+        res["profile"] = profile_score(llm, queries, passages)
     llm.engine.shutdown()
     del llm
     return res, scores
+
+
+def profile_score(llm, queries, passages) -> dict:
+    """The timed call again, outside the clock, under the torch profiler and cProfile at once:
+    the GPU's idle share, the kernels with the most device time and the host functions with
+    the most time of their own, all per whole call (the wall it took under both profilers too)."""
+    import cProfile
+
+    from core_runner.bench.profile import _host_top, _start_profile, _stop_profile
+
+    steps = [0]
+    remove = llm.engine.debug.on_step(lambda *_: steps.__setitem__(0, steps[0] + 1))
+    dev, host, t0 = _start_profile(), cProfile.Profile(), time.perf_counter()
+    host.enable()
+    llm.score(queries, passages, use_tqdm=False)
+    host.disable()
+    remove()
+    found = _stop_profile(dev, 1)
+    found.update(wall_ms_profiled=1e3 * (time.perf_counter() - t0), steps=steps[0], host_top=_host_top(host, 1))
+    return found
 
 
 def run_transformers(model: str, queries, passages, device: str, dtype: str, batch: int) -> tuple[dict, torch.Tensor]:
@@ -112,6 +134,16 @@ def run_transformers(model: str, queries, passages, device: str, dtype: str, bat
     return {"pairs_per_s": len(queries) / elapsed, "seconds": elapsed}, scores
 
 
+def print_profile(found: dict) -> None:
+    print(f"  profiled call: {found.get('wall_ms_profiled', 0):.0f} ms wall, {found.get('steps')} steps, GPU idle "
+          f"{found.get('gpu_idle_frac', float('nan')):.0%}, GPU busy {found.get('gpu_busy_ms_per_step', 0):.1f} ms", flush=True)
+    for k in found.get("top_kernels", [])[:10]:
+        print(f"    {k['us_per_step'] / 1e3:8.2f} ms {k['calls_per_step']:6.0f}x  {k['name']}", flush=True)
+    for h in found.get("host_top", [])[:12]:
+        print(f"    host {h['tot_ms_per_step']:8.1f} ms own {h['cum_ms_per_step']:8.1f} cum {h['calls_per_step']:7.0f}x  "
+              f"{h['func']}", flush=True)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -123,6 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
                          "reported one, the rest go under 'engine_by_tokens')")
     ap.add_argument("--tiny", action="store_true", help="shrunk sizes (CPU smoke test)")
     ap.add_argument("--model", default=None, help="a cross-encoder checkpoint instead of the random one")
+    ap.add_argument("--profile", action="store_true",
+                    help="profile one more engine call (torch profiler + cProfile) and print where it went")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     import tempfile
@@ -132,7 +166,8 @@ def main(argv: list[str] | None = None) -> dict:
         model = a.model or write_checkpoint(Path(tmp) / "ms-marco-minilm-l6-shape", a.dtype, a.tiny)
         runs = []
         for tokens in a.max_num_batched_tokens:
-            runs.append(run_engine(model, queries, passages, a.device, a.dtype, a.batch, tokens))
+            runs.append(run_engine(model, queries, passages, a.device, a.dtype, a.batch, tokens,
+                                   profile=a.profile and not runs))
             if a.device.startswith("cuda"):
                 torch.cuda.empty_cache()
         eng, eng_scores = runs[0]
@@ -148,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"{eng['mean_pair_tokens']:.0f} tokens a pair); transformers {peer['pairs_per_s']:,.0f} pairs/s; "
           f"ratio {res['ratio']:.2f}x (target >= 3x); max |score diff| {res['max_abs_score_diff']:.2e} "
           f"({a.num_pairs} pairs, {a.dtype} on {a.device}, {eng['max_num_batched_tokens']} tokens a step)", flush=True)
+    if "profile" in eng:
+        print_profile(eng["profile"])
     for r, _ in runs[1:]:
         print(f"  with {r['max_num_batched_tokens']} tokens a step: {r['pairs_per_s']:,.0f} pairs/s, ratio "
               f"{r['pairs_per_s'] / peer['pairs_per_s']:.2f}x", flush=True)
