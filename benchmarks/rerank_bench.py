@@ -135,13 +135,14 @@ def run_transformers(model: str, queries, passages, device: str, dtype: str, bat
 
 
 def print_profile(found: dict) -> None:
+    idle, busy = found.get("gpu_idle_frac", float("nan")), found.get("gpu_busy_ms_per_step", 0)
     print(f"  profiled call: {found.get('wall_ms_profiled', 0):.0f} ms wall, {found.get('steps')} steps, GPU idle "
-          f"{found.get('gpu_idle_frac', float('nan')):.0%}, GPU busy {found.get('gpu_busy_ms_per_step', 0):.1f} ms", flush=True)
+          f"{idle:.0%}, GPU busy {busy:.1f} ms", flush=True)
     for k in found.get("top_kernels", [])[:10]:
         print(f"    {k['us_per_step'] / 1e3:8.2f} ms {k['calls_per_step']:6.0f}x  {k['name']}", flush=True)
     for h in found.get("host_top", [])[:12]:
-        print(f"    host {h['tot_ms_per_step']:8.1f} ms own {h['cum_ms_per_step']:8.1f} cum {h['calls_per_step']:7.0f}x  "
-              f"{h['func']}", flush=True)
+        print(f"    host {h['tot_ms_per_step']:8.1f} ms own {h['cum_ms_per_step']:8.1f} cum "
+              f"{h['calls_per_step']:7.0f}x  {h['func']}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
