@@ -29,7 +29,8 @@
 #   best      W1 W2 with --best-settings (the defaults must reach 90% of these)     -> qwen_best.json
 #   serve     W2 through core-runner serve, one streaming client per request, vs offline -> serve.json
 #             (installs fastapi/uvicorn from a carried .wheels/ when the image lacks them:
-#             pip download --dest .wheels --only-binary=:all: --python-version 3.12 fastapi uvicorn prometheus_client)
+#             pip download --dest .wheels --only-binary=:all: --python-version 3.12 fastapi uvicorn prometheus_client
+#             uvloop httptools)
 #   attn      paged attention launch choices at W1 / W2 step shapes (ATTN_SHAPES narrows) -> attn.json
 #   spec      speculative decoding on W2R (W2 with repeated prompts): TPOT, tok/s, acceptance, off vs
 #             n-gram k=3 on the Qwen3-0.6B shape at T 0.6 -> spec.json and greedy -> spec_greedy.json;
@@ -187,6 +188,9 @@ for s in "${STAGES[@]}"; do
       say serve: W2 through core-runner serve, 256 streaming clients, vs offline
       python3 -c "import fastapi, uvicorn, prometheus_client" 2>/dev/null || python3 -m pip install -q --no-index \
         --find-links .wheels fastapi uvicorn prometheus_client >>"$LOG/env.log" 2>&1
+      # uvloop + httptools, core-runner's dependencies, which uvicorn uses when present
+      python3 -c "import uvloop, httptools" 2>/dev/null || python3 -m pip install -q --no-index --find-links .wheels \
+        uvloop httptools >>"$LOG/env.log" 2>&1 || true
       # the engine-core process split needs pyzmq + msgspec; without them only the in-process figure comes
       python3 -c "import zmq, msgspec" 2>/dev/null || python3 -m pip install -q --no-index --find-links .wheels \
         pyzmq msgspec >>"$LOG/env.log" 2>&1 || true
