@@ -128,7 +128,9 @@ class Handlers:
                 counts: dict[int, tuple[int, int]] = {}
                 async for i, d in merge(gens):
                     counts[i] = (d.num_prompt_tokens if i % params.n == 0 else 0, d.num_output_tokens)
-                    if d.text or d.finished or d.logprobs:
+                    # a step's tokens make a chunk even when their text is empty (a character still
+                    # incomplete, or no tokenizer): the client sees the first token when it is made
+                    if d.text or d.token_ids or d.finished or d.logprobs:
                         choice = {"index": i, "text": d.text, "logprobs": self._completion_logprobs(d),
                                   "finish_reason": d.finish_reason, "stop_reason": d.stop_reason}
                         yield sse({**head, "choices": [choice]})
