@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import core_runner
+from core_runner.conformance.harness import LOGIT_ATOL
 
 PLUGINS = sorted(ep.name for ep in entry_points(group="core_runner"))
 ALLOWED_NOT_RUN = ("not run: no GPU", "not run: tier cpu", "not run: this suite version checks task 'generate'",
@@ -132,3 +134,36 @@ def test_plugin_passes_the_conformance_suite(name):
             # the capabilities the CPU can check: declared == observed
             if arch in generate_archs and cap in ("chunked_prefill", "async_scheduling"):
                 assert row["observed"] == want[row["declared"]], (arch, cap, row)
+
+
+def check_qwen3_speculation(report: dict) -> None:
+    """CR-SPEC-01 / 02 on every Qwen3 and Qwen3-MoE example, from the plugin's full run: n-gram
+    proposals accepted and rejected, under the default budget and chunks of 8, every logits row
+    within the tolerance, and a reused row's lookups matching."""
+    checks = [c for c in report["checks"] if c["id"].startswith("CR-SPEC")]
+    assert sorted(c["name"] for c in checks if c["id"] == "CR-SPEC-01") == sorted(
+        c["name"].replace("CR-SPEC-02", "CR-SPEC-01") for c in checks if c["id"] == "CR-SPEC-02")
+    assert len(checks) == 18  # 4 Qwen3 (one fp8) and 2 Qwen3-MoE examples, three checks each
+    # CR-SPEC-03 (the family's own draft) is not applicable: Qwen3 registers none
+    assert all(c["outcome"].startswith("not run: not applicable") for c in checks if c["id"] == "CR-SPEC-03")
+    checks = [c for c in checks if c["id"] != "CR-SPEC-03"]
+    for c in checks:
+        assert c["outcome"] == "passed", (c["name"], c["outcome"])
+        assert 0 <= c["max_logit_error"] <= LOGIT_ATOL
+    for c in (c for c in checks if c["id"] == "CR-SPEC-01"):
+        notes = " ".join(c["notes"])
+        assert "default budget: accepted/proposed loop " in notes and "max_num_batched_tokens=8: " in notes, notes
+        accepted, proposed = map(int, re.search(r"(\d+) of (\d+) proposed tokens accepted", notes).groups())
+        assert 0 < accepted < proposed
+    for c in (c for c in checks if c["id"] == "CR-SPEC-02"):
+        # Zg's lookups match on every example; the cold seeded Zs's on most
+        assert re.search(r"then Z Zg \d+/[1-9]\d*, Zs \d+/\d+ in row \d+", " ".join(c["notes"])), c["notes"]
+    assert {r["speculative_decoding"]["observed"] for r in report["capabilities"].values()} == {"supported"}
+
+
+@pytest.mark.skipif("qwen3" not in PLUGINS, reason="pip install -e plugins/qwen3 (requirements-dev)")
+def test_qwen3_speculation_is_checked_on_every_example():
+    """Read from the background run rather than run again here (its CR-SPEC checks take ~13 s)."""
+    _, output, report = start_runs().result("qwen3")
+    assert report is not None, output
+    check_qwen3_speculation(report)
