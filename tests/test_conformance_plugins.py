@@ -167,3 +167,46 @@ def test_qwen3_speculation_is_checked_on_every_example():
     _, output, report = start_runs().result("qwen3")
     assert report is not None, output
     check_qwen3_speculation(report)
+
+
+def check_pooling_classifiers(report: dict) -> None:
+    """CR-EQ-15 on every classifier example of the pooling plugin, from its full run."""
+    cases = {c["name"]: c for c in report["checks"] if c["id"] == "CR-EQ-15"}
+    # 3 BERT, 2 Qwen3, 2 XLM-R, 2 Llama, 3 ModernBERT classifier examples
+    assert len(cases) == 12, sorted(cases)
+    for name, c in cases.items():
+        assert c["outcome"] == "passed", (name, c["message"])
+    notes = " ".join(cases["CR-EQ-15[Qwen3ForSequenceClassification:tiny-qwen3-cls]"]["notes"])
+    assert "chunk boundaries inside prompts" in notes and "rows freed by longer ones" in notes, notes
+    assert "sigmoid over 6 labels" in " ".join(cases["CR-EQ-15[BertForSequenceClassification:toxic-bert-shape]"]
+                                                ["notes"])
+
+
+def check_pooling_scores(report: dict) -> None:
+    """CR-EQ-17 on every example serving score (cross-encoders) or embed (cosine), from the
+    pooling plugin's full run."""
+    from core_runner.plugins import load_plugins
+
+    cases = {c["name"]: c for c in report["checks"] if c["id"] == "CR-EQ-17"}
+    scoring = load_plugins(["pooling"]).registry.by_plugin("pooling")
+    expected = {f"CR-EQ-17[{r.architecture}:{e['name']}]" for r in scoring
+                if {"score", "embed"} & set(r.tasks) for e in r.examples}
+    assert len(expected) >= 15 and set(cases) == expected, sorted(set(cases) ^ expected)
+    for name, c in cases.items():
+        assert c["outcome"] == "passed", (name, c["message"])
+    notes = {n: " ".join(c["notes"]) for n, c in cases.items()}
+    assert "chunk boundaries" in notes["CR-EQ-17[Qwen3ForSequenceClassification:qwen3-reranker-0.6b-seq-cls-shape]"]
+    assert "cross-encoder" in notes["CR-EQ-17[BertForSequenceClassification:ms-marco-minilm-l6-v2-shape]"]
+    assert "cosine" in notes["CR-EQ-17[BertModel:tiny-bert]"]
+    assert "refuses it by name" in notes["CR-EQ-17[BertForSequenceClassification:toxic-bert-shape]"]
+    assert report["tasks"]["BertForSequenceClassification"]["score"]["observed"] == "supported"
+    assert any(n.startswith("CR-EQ-17") for n in report["tasks"]["BertModel"]["embed"]["checks"])
+
+
+@pytest.mark.skipif("pooling" not in PLUGINS, reason="pip install -e plugins/pooling (requirements-dev)")
+def test_pooling_classifiers_and_scores_are_checked_on_every_example():
+    """Read from the background run rather than run again here (CR-EQ-15 and CR-EQ-17 take ~12 s)."""
+    _, output, report = start_runs().result("pooling")
+    assert report is not None, output
+    check_pooling_classifiers(report)
+    check_pooling_scores(report)
