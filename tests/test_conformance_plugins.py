@@ -210,3 +210,31 @@ def test_pooling_classifiers_and_scores_are_checked_on_every_example():
     assert report is not None, output
     check_pooling_classifiers(report)
     check_pooling_scores(report)
+
+
+def _control_cases(report: dict, arch: str, examples: tuple[str, ...], cid: str) -> list[dict]:
+    named = [c for c in report["checks"] if c["id"] == cid and c["name"].startswith(f"{cid}[{arch}:")]
+    per_example = [c for c in named if any(c["name"] == f"{cid}[{arch}:{ex}]" for ex in examples)]
+    return per_example or named  # a per-capability check (CR-EQ-18) is named by its capability
+
+
+def check_corpus_control(report: dict, controls: dict) -> None:
+    """The plugin passed, on its corpus examples, every check its family's planted bugs run."""
+    for arch, (examples, checks) in controls.items():
+        for cid in checks:
+            cases = _control_cases(report, arch, examples, cid)
+            assert cases, f"{cid} did not run on {arch} {examples}"
+            for c in cases:
+                assert c["outcome"] == "passed" or c["outcome"].startswith(ALLOWED_NOT_RUN), (c["name"], c["outcome"])
+            assert any(c["outcome"] == "passed" for c in cases), [(c["name"], c["outcome"]) for c in cases]
+
+
+@pytest.mark.parametrize("name", [n for n in ("deepseek", "granite_hybrid", "llama_template", "pooling", "qwen3")
+                                  if n in PLUGINS])
+def test_corpus_control_passes_its_family_bugs_checks(name):
+    """The planted-bug corpus's controls (tests/test_conformance_corpus.py), from the full runs."""
+    from conformance_fixtures.corpus import CONTROLS
+
+    _, output, report = start_runs().result(name)
+    assert report is not None, output
+    check_corpus_control(report, CONTROLS[name])
