@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -67,6 +68,7 @@ def sync(device: str) -> None:
 def run_engine(model: str, queries, passages, device: str, dtype: str, batch: int,
                tokens: int = 8192, profile: bool = False) -> tuple[dict, torch.Tensor]:
     from core_runner import LLM
+    from core_runner.bench.profile import profile_call
 
     llm = LLM(model, device=device, dtype=dtype, max_model_len=512, max_num_seqs=batch,
               max_num_batched_tokens=tokens)
@@ -81,30 +83,11 @@ def run_engine(model: str, queries, passages, device: str, dtype: str, batch: in
     res = {"pairs_per_s": len(queries) / elapsed, "tokens_per_s": n / elapsed, "seconds": elapsed,
            "mean_pair_tokens": n / len(outs), "max_num_batched_tokens": tokens, "plan": repr(llm.engine.plan)}
     if profile:
-        res["profile"] = profile_score(llm, queries, passages)
+        # the timed call again, outside the clock, under the torch profiler and cProfile
+        res["profile"] = profile_call(partial(llm.score, queries, passages, use_tqdm=False), llm.engine.debug.on_step)
     llm.engine.shutdown()
     del llm
     return res, scores
-
-
-def profile_score(llm, queries, passages) -> dict:
-    """The timed call again, outside the clock, under the torch profiler and cProfile at once:
-    the GPU's idle share, the kernels with the most device time and the host functions with
-    the most time of their own, all per whole call (the wall it took under both profilers too)."""
-    import cProfile
-
-    from core_runner.bench.profile import _host_top, _start_profile, _stop_profile
-
-    steps = [0]
-    remove = llm.engine.debug.on_step(lambda *_: steps.__setitem__(0, steps[0] + 1))
-    dev, host, t0 = _start_profile(), cProfile.Profile(), time.perf_counter()
-    host.enable()
-    llm.score(queries, passages, use_tqdm=False)
-    host.disable()
-    remove()
-    found = _stop_profile(dev, 1)
-    found.update(wall_ms_profiled=1e3 * (time.perf_counter() - t0), steps=steps[0], host_top=_host_top(host, 1))
-    return found
 
 
 def run_transformers(model: str, queries, passages, device: str, dtype: str, batch: int) -> tuple[dict, torch.Tensor]:
@@ -135,14 +118,13 @@ def run_transformers(model: str, queries, passages, device: str, dtype: str, bat
 
 
 def print_profile(found: dict) -> None:
+    from core_runner.bench.profile import host_lines, kernel_lines
+
     idle, busy = found.get("gpu_idle_frac", float("nan")), found.get("gpu_busy_ms_per_step", 0)
     print(f"  profiled call: {found.get('wall_ms_profiled', 0):.0f} ms wall, {found.get('steps')} steps, GPU idle "
-          f"{idle:.0%}, GPU busy {busy:.1f} ms", flush=True)
-    for k in found.get("top_kernels", [])[:10]:
-        print(f"    {k['us_per_step'] / 1e3:8.2f} ms {k['calls_per_step']:6.0f}x  {k['name']}", flush=True)
-    for h in found.get("host_top", [])[:12]:
-        print(f"    host {h['tot_ms_per_step']:8.1f} ms own {h['cum_ms_per_step']:8.1f} cum "
-              f"{h['calls_per_step']:7.0f}x  {h['func']}", flush=True)
+          f"{idle:.0%}, GPU busy {busy:.2f} ms a step", flush=True)
+    print("\n".join(kernel_lines(found.get("top_kernels", [])[:10], "") + host_lines(found.get("host_top", [])[:12],
+                                                                                    "host")), flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

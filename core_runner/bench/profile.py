@@ -55,6 +55,38 @@ def profile_pass(eng, add_all, profile_steps: int) -> dict:
     return found
 
 
+def profile_call(fn, count_steps=None) -> dict:
+    """``fn()`` once under the torch profiler and cProfile together: GPU idle share, top kernels
+    and host functions, and the wall it took under both profilers. ``count_steps(hook)`` may
+    register a per-step hook and return its remover: the figures are then per engine step (and
+    the step count is reported), else per call."""
+    steps = [0]
+    remove = count_steps(lambda *_: steps.__setitem__(0, steps[0] + 1)) if count_steps else None
+    dev, host, t0 = _start_profile(), cProfile.Profile(), time.perf_counter()
+    host.enable()
+    try:
+        fn()
+    finally:
+        host.disable()
+        if remove is not None:
+            remove()
+    per = max(steps[0], 1)
+    found = _stop_profile(dev, per)
+    found.update(wall_ms_profiled=1e3 * (time.perf_counter() - t0), host_top=_host_top(host, per))
+    if count_steps:
+        found["steps"] = steps[0]
+    return found
+
+
+def host_lines(rows: list[dict], label: str) -> list[str]:
+    return [f"    {label} {k['tot_ms_per_step']:6.2f} ms/step own, {k['cum_ms_per_step']:6.2f} cum "
+            f"x{k['calls_per_step']:7.1f}  {k['func']}" for k in rows]
+
+
+def kernel_lines(rows: list[dict], label: str) -> list[str]:
+    return [f"    {label}{k['us_per_step']:8.1f} us/step x{k['calls_per_step']:5.1f}  {k['name']}" for k in rows]
+
+
 def _host_top(prof: "cProfile.Profile", num_steps: int, n: int = 15) -> list[dict]:
     """The functions with the most host time of their own, in ms per step."""
     st = pstats.Stats(prof)

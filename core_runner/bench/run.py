@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from core_runner.bench.profile import profile_pass
+from core_runner.bench.profile import host_lines, kernel_lines, profile_pass
 from core_runner.bench.roofline import decode_roofline_tok_s
 from core_runner.bench.shapes import config_only_checkpoint
 from core_runner.bench.spec import (
@@ -349,15 +349,6 @@ def format_comparison(name: str, c: dict) -> str:
             f"({c['output_tok_s_on_over_off']:.2f}x); identical outputs {c['identical_outputs']}/{c['num_requests']}")
 
 
-def _host_lines(rows: list[dict], label: str) -> list[str]:
-    return [f"    {label} {k['tot_ms_per_step']:6.2f} ms/step own, {k['cum_ms_per_step']:6.2f} cum "
-            f"x{k['calls_per_step']:7.1f}  {k['func']}" for k in rows]
-
-
-def _kernel_lines(rows: list[dict], label: str) -> list[str]:
-    return [f"    {label}{k['us_per_step']:8.1f} us/step x{k['calls_per_step']:5.1f}  {k['name']}" for k in rows]
-
-
 def format_result(name: str, r: dict) -> str:
     lines = [f"{name}: {r['output_tok_s']:,.0f} output tok/s ({r['output_tokens']} tokens in {r['elapsed_s']:.2f} s, "
              f"{r['steps']} steps, {r['preemptions']} preemptions)"]
@@ -389,13 +380,13 @@ def format_result(name: str, r: dict) -> str:
     if "gpu_idle_frac" in r:
         lines.append(f"  GPU idle over profiled decode steps: {100 * r['gpu_idle_frac']:.1f}% "
                      f"(busy {r.get('gpu_busy_ms_per_step', float('nan')):.2f} ms/step)")
-        lines += _host_lines(r.get("host_top", [])[:12], "host")
+        lines += host_lines(r.get("host_top", [])[:12], "host")
         if "prefill_gpu_idle_frac" in r:
             lines.append(f"  prefill steps under both profilers: {r['prefill_step_ms_profiled']:.1f} ms each, "
                          f"GPU idle {100 * r['prefill_gpu_idle_frac']:.1f}%")
-            lines += _host_lines(r.get("prefill_host_top", [])[:8], "prefill host")
-        lines += _kernel_lines(r.get("prefill_top_kernels", [])[:6], "prefill ")
-        lines += _kernel_lines(r.get("top_kernels", [])[:10], "")
+            lines += host_lines(r.get("prefill_host_top", [])[:8], "prefill host")
+        lines += kernel_lines(r.get("prefill_top_kernels", [])[:6], "prefill ")
+        lines += kernel_lines(r.get("top_kernels", [])[:10], "")
     if "peer" in r:
         p = r["peer"]
         if p.get("output_tok_s"):
