@@ -17,6 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 import pytest
+from conformance_fixtures.corpus import EMBED_CHECKS as EMBED
+from conformance_fixtures.corpus import GENERATE_CHECKS as GENERATE
 
 from core_runner.conformance import run_suite
 from core_runner.plugins import PluginManager
@@ -26,8 +28,6 @@ for _plugin in ("core_runner_qwen3", "core_runner_llama_template", "core_runner_
     pytest.importorskip(_plugin, reason="pip install -e plugins/* -e examples/plugin_template (requirements-dev)")
 
 FAILING = ("failed", "error", "xpassed (strict xfail: fails the run)")
-GENERATE = ("CR-EQ-01", "CR-EQ-12")
-EMBED = ("CR-EQ-10", "CR-EQ-11")
 BERT = ("CR-EQ-10", "CR-EQ-12")
 @dataclass(frozen=True)
 class Bug:
