@@ -1,14 +1,17 @@
-"""Paged attention at the shapes of the Qwen3-0.6B benchmark steps, over launch choices.
+"""Paged attention at the shapes of the benchmark steps, over launch choices.
 
-Each shape is one layer's attention call (16 q / 8 kv heads, head 128, block 16, bf16)
-as a W1 / W2 step issues it; every variant is timed with CUDA events and checked against
+Each shape is one layer's attention call as a step issues it: Qwen3-0.6B's (16 q / 8 kv
+heads, head 128) at W1 / W2 steps, and Gemma-3-1B's (4 q / 1 kv head, head 256) decoding
+8,192-token contexts, in a global layer and a sliding-window (1,024) one; block 16, the
+cache in bf16 or (``--kv-dtype fp8``) float8_e4m3fn, where the bf16 default's time on the
+same shape is printed beside it. Every variant is timed with CUDA events and checked against
 the default variant's output (a fast wrong variant is marked, never chosen). Decode
 shapes are timed as the engine runs them, replayed from a CUDA graph (eager, a short call
 measures the host's launch cost: ~40 us a Triton launch), with the bounds a decode graph
 bakes in (max_seq_len = 2048, the bench's max_model_len); prefill shapes eagerly, back to
 back. Decode shapes report KV bandwidth, prefill shapes TFLOP/s.
 
-    python3 benchmarks/attn_sweep.py [--json PATH] [--shapes decode_w1 ...]
+    python3 benchmarks/attn_sweep.py [--json PATH] [--shapes decode_w1 ...] [--kv-dtype bf16|fp8]
 """
 from __future__ import annotations
 
@@ -21,11 +24,22 @@ import torch
 from core_runner.bench.timing import time_ms
 from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
-HEADS, KV_HEADS, D, BLOCK = 16, 8, 128, 16
+BLOCK = 16
+QWEN3, GEMMA3 = (16, 8, 128), (4, 1, 256)  # (q heads, kv heads, head size)
+KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+
+
+def geometry(name: str) -> tuple[tuple[int, int, int], int | None, int]:
+    """(heads, sliding window, max_seq_len bound a decode graph bakes in) of a shape."""
+    if name.startswith("decode_gemma3"):
+        return GEMMA3, (1024 if name.endswith("_local") else None), 8192
+    return QWEN3, None, 2048
 
 
 def _shape(name: str, rng: random.Random) -> list[tuple[int, int]]:
     """(q_len, seq_len) per request, decode rows first as the runner orders them."""
+    if name.startswith("decode_gemma3"):  # gemma3 bench: 128 requests decoding 8,192-token contexts
+        return [(1, 8192 - rng.randrange(256)) for _ in range(128)]
     if name == "decode_w1":  # W1 at step 100: 1024 requests, 128-token prompts, ~92 out
         return [(1, 128 + 92 - rng.randrange(16)) for _ in range(1024)]
     if name == "decode_w2":  # W2 at step 100: prompts U[100, 1024] + ~82 out
@@ -46,17 +60,24 @@ def _shape(name: str, rng: random.Random) -> list[tuple[int, int]]:
     raise ValueError(f"unknown shape {name!r}")
 
 
-SHAPES = ("decode_w1", "decode_w2", "decode_w2_tail", "mixed_w1", "prefill_w2", "prefill_1x8192")
+SHAPES = ("decode_w1", "decode_w2", "decode_w2_tail", "mixed_w1", "prefill_w2", "prefill_1x8192",
+          "decode_gemma3", "decode_gemma3_local")
 
 
-def _variants(name: str) -> list[dict]:
+def _variants(name: str, fp8: bool) -> list[dict]:
     """The default first, then launch choices for this kind of shape (a short list: each
-    distinct choice is a Triton compile of a few seconds)."""
+    distinct choice is a Triton compile of a few seconds). Decode tiles are tried with
+    more warps and with a register cap too: the fp8 decode kernel needs ~184 registers a
+    thread (bf16: 96), which halves the programs an SM holds."""
     out = [{}]
     if name.startswith("decode"):
-        for bn, st in ((64, 2), (128, 3), (128, 4)):
-            out.append({"config": {"BLOCK_N": bn, "num_stages": st, "num_warps": 4}})
-        out += [{"num_splits": s} for s in (1, 2, 4, 8)]
+        for bn, st, w in ((32, 2, 4), (64, 3, 4), (64, 4, 4), (128, 2, 4), (128, 3, 4), (64, 2, 8), (128, 2, 8),
+                          (128, 3, 8)):
+            out.append({"config": {"BLOCK_N": bn, "num_stages": st, "num_warps": w}})
+        out += [{"config": {"maxnreg": r}} for r in (128, 168)]
+        if fp8:
+            out.append({"config": {"FP16_DOT": False}})
+        out += [{"num_splits": s} for s in (1, 2, 4, 8, 16)]
     else:
         for bm, bn, w, st in ((64, 128, 4, 2), (64, 64, 8, 2), (64, 32, 4, 3), (64, 64, 4, 3), (128, 64, 8, 2),
                               (128, 32, 8, 2), (128, 64, 4, 2), (128, 64, 8, 3)):
@@ -64,7 +85,8 @@ def _variants(name: str) -> list[dict]:
     return out
 
 
-def _batch(reqs: list[tuple[int, int]], g: torch.Generator):
+def _batch(reqs: list[tuple[int, int]], g: torch.Generator, heads: tuple[int, int, int], kv_dtype: torch.dtype,
+           device: str):
     blocks = [-(-s // BLOCK) for _, s in reqs]
     num_blocks = sum(blocks) + 1
     perm = torch.randperm(num_blocks, generator=g).to(torch.int32)
@@ -75,51 +97,76 @@ def _batch(reqs: list[tuple[int, int]], g: torch.Generator):
         used += n
     qsl = torch.zeros(len(reqs) + 1, dtype=torch.int32)
     qsl[1:] = torch.tensor([q for q, _ in reqs]).cumsum(0)
-    kv = torch.randn(2, num_blocks, BLOCK, KV_HEADS, D, generator=g).to(torch.bfloat16)
-    q = torch.randn(int(qsl[-1]), HEADS, D, generator=g).to(torch.bfloat16)
+    heads, kv_heads, d = heads
+    kv = torch.randn(2, num_blocks, BLOCK, kv_heads, d, generator=g).to(kv_dtype)
+    q = torch.randn(int(qsl[-1]), heads, d, generator=g).to(torch.bfloat16)
     lens = torch.tensor([s for _, s in reqs], dtype=torch.int32)
-    return [t.cuda() for t in (q, kv, qsl, lens, bt)]
+    return [t.to(device) for t in (q, kv, qsl, lens, bt)]
 
 
-def sweep(name: str, seed: int = 0) -> dict:
-    reqs = _shape(name, random.Random(seed))
-    q, kv, qsl, lens, bt = _batch(reqs, torch.Generator().manual_seed(seed))
+def sweep(name: str, seed: int = 0, kv_dtype: str = "bf16", device: str = "cuda", iters: int = 30,
+          max_reqs: int | None = None, max_variants: int | None = None) -> dict:
+    """Every variant of ``name``: time, KV read bandwidth, TFLOP/s, agreement with the default.
+    With an fp8 cache the bf16 default runs too (``bf16_default``), for the ratio.
+    ``max_reqs`` / ``max_variants`` shrink the run (the interpreter's smoke test)."""
+    reqs = _shape(name, random.Random(seed))[:max_reqs]
+    (heads, kv_heads, d), window, decode_bound = geometry(name)
+    fp8 = kv_dtype == "fp8"
+    q, kv, qsl, lens, bt = _batch(reqs, torch.Generator().manual_seed(seed), (heads, kv_heads, d),
+                                  KV_DTYPES[kv_dtype], device)
     decode = name.startswith("decode")
-    bounds = dict(max_query_len=max(x for x, _ in reqs), max_seq_len=2048 if decode else max(s for _, s in reqs))
-    kv_bytes = sum(s for _, s in reqs) * KV_HEADS * D * 2 * 2
-    flops = sum(4 * x * (s - x + (x + 1) / 2) * D * HEADS for x, s in reqs)  # causal
+    graph = decode and device.startswith("cuda")
+    bounds = dict(max_query_len=max(x for x, _ in reqs),
+                  max_seq_len=decode_bound if decode else max(s for _, s in reqs), sliding_window=window)
+    read = [min(s, window) if window else s for _, s in reqs]
+    kv_bytes = sum(read) * kv_heads * d * 2 * kv.element_size()
+    flops = sum(4 * x * (r - x + (x + 1) / 2) * d * heads for (x, _), r in zip(reqs, read))  # causal
     ref = None
     rows = []
-    for v in _variants(name):
-        fn = lambda v=v: paged_attention_triton(q, kv, qsl, lens, bt, D ** -0.5, **bounds, **v)  # noqa: E731
+    variants = _variants(name, fp8)[:max_variants] + ([{"bf16": True}] if fp8 else [])
+    kv16 = kv.to(torch.bfloat16) if fp8 else kv
+    for v in variants:
+        cache, args = (kv16, {}) if v.get("bf16") else (kv, v)
+        fn = lambda c=cache, a=args: paged_attention_triton(q, c, qsl, lens, bt, d ** -0.5, **bounds, **a)  # noqa: E731
         try:
             out = fn()
-            torch.cuda.synchronize()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
         except Exception as e:  # a tile that does not compile or fit is recorded, not fatal
             rows.append({"variant": v, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+            print(f"  {name} {v}: {rows[-1]['error']}", flush=True)
             continue
         if ref is None:
             ref = out.float()
         ok = bool(torch.allclose(out.float(), ref, atol=3e-2, rtol=3e-2))
-        us = 1e3 * time_ms(fn, iters=30, graph=decode)
+        us = 1e3 * time_ms(fn, iters=iters, graph=graph, cuda=device.startswith("cuda"))
         rows.append({"variant": v, "us": us, "ok": ok, "kv_gb_s": kv_bytes / us / 1e3,
                      "tflop_s": flops / us / 1e6})
+    base = next((r for r in rows if r["variant"].get("bf16")), None)
+    rows = [r for r in rows if not r["variant"].get("bf16")]
     good = [r for r in rows if r.get("ok")]
     best = min(good, key=lambda r: r["us"])
-    res = {"shape": name, "num_reqs": len(reqs), "num_tokens": int(q.shape[0]), "kv_mb": kv_bytes / 1e6,
-           "gflop": flops / 1e9, "default": rows[0], "best": best, "rows": rows}
-    d, b = rows[0], best
-    print(f"{name:16s} default {d['us']:8.1f} us ({d['kv_gb_s']:6.0f} GB/s, {d['tflop_s']:5.0f} TF/s)  "
-          f"best {b['us']:8.1f} us ({b['kv_gb_s']:6.0f} GB/s, {b['tflop_s']:5.0f} TF/s) {b['variant']}", flush=True)
+    res = {"shape": name, "kv_dtype": kv_dtype, "num_reqs": len(reqs), "num_tokens": int(q.shape[0]),
+           "kv_mb": kv_bytes / 1e6, "gflop": flops / 1e9, "default": rows[0], "best": best, "rows": rows}
+    dflt, b = rows[0], best
+    line = (f"{name:16s} {kv_dtype} default {dflt['us']:8.1f} us ({dflt['kv_gb_s']:6.0f} GB/s, "
+            f"{dflt['tflop_s']:5.0f} TF/s)  best {b['us']:8.1f} us ({b['kv_gb_s']:6.0f} GB/s, "
+            f"{b['tflop_s']:5.0f} TF/s) {b['variant']}")
+    if base is not None and "us" in base:
+        res["bf16_default"] = base
+        line += f"; bf16 default {base['us']:.1f} us: default {base['us'] / dflt['us']:.2f}x, " \
+                f"best {base['us'] / b['us']:.2f}x"
+    print(line, flush=True)
     return res
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=SHAPES)
+    ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bf16")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    found = {name: sweep(name) for name in args.shapes}
+    found = {name: sweep(name, kv_dtype=args.kv_dtype) for name in args.shapes}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(found, f, indent=1)

@@ -20,7 +20,10 @@ such step streams the weights, each row's context of the global layers' KV and
 min(context, window) of the local layers' KV at the measured copy bandwidth
 (``decode_roofline_tok_s``; ``ratio_to_roofline``).
 
-    python3 benchmarks/gemma3_bench.py [--num-requests 128] [--window 1024] [--json OUT]
+``--profile-steps N`` runs the workload once more, outside the clock, with N pure-decode
+steps under the torch profiler (top kernels, GPU idle) and N under cProfile.
+
+    python3 benchmarks/gemma3_bench.py [--num-requests 128] [--window 1024] [--profile-steps N] [--json OUT]
     python3 benchmarks/gemma3_bench.py --device cpu --dtype float32 --tiny   # smoke
 """
 from __future__ import annotations
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--window", type=int, default=1024)
     ap.add_argument("--tiny", action="store_true", help="shrunk sizes (CPU smoke test; pass --context etc. too)")
     ap.add_argument("--root", default=None)
+    ap.add_argument("--profile-steps", type=int, default=0)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     import torch
@@ -136,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
         elapsed = time.perf_counter() - start
         remove()
         bw = copy_bandwidth(a.device) if cuda else None
+        found = profile_decode(eng, prompts, a, prompt_len) if a.profile_steps else None
     finally:
         release(llm)
     n_out = sum(len(o.token_ids) for o in outs)
@@ -149,6 +154,8 @@ def main(argv: list[str] | None = None) -> dict:
            "output_tok_s": n_out / elapsed, "elapsed_s": elapsed, "output_tokens": n_out, "steps": len(log.steps),
            "decode_steps_timed": len(dec), "decode_tok_s": rows / dec_time if dec_time else float("nan"),
            "decode_step_ms_mean": 1e3 * dec_time / len(dec) if dec else float("nan"), "kv_samples": samples}
+    if found is not None:
+        res["profile"] = found
     in_decode = [s for s in samples if s["decode"]]
     last = (in_decode or samples or [{}])[-1]
     res["kv_ratio_to_formula"] = last.get("kv_ratio_to_formula", float("nan"))
@@ -167,7 +174,31 @@ def main(argv: list[str] | None = None) -> dict:
           f"{last.get('formula_tokens', 0):,} (local x min(ctx, window) + global x ctx): "
           f"{res['kv_ratio_to_formula']:.3f}x; vs every layer holding the context {res['kv_ratio_to_all_layers']:.3f}x",
           flush=True)
+    if found is not None:
+        from core_runner.bench.profile import host_lines, kernel_lines
+
+        print(f"  profiled decode steps: GPU idle {found.get('gpu_idle_frac', float('nan')):.1%}, busy "
+              f"{found.get('gpu_busy_ms_per_step', float('nan')):.2f} ms a step", flush=True)
+        print("\n".join(kernel_lines(found.get("top_kernels", [])[:12], "")
+                        + host_lines(found.get("host_top", [])[:8], "host")), flush=True)
     return write_json(a.json, res)
+
+
+def profile_decode(eng, prompts: list[list[int]], a, prompt_len: int) -> dict:
+    """``a.profile_steps`` decode steps of the same workload, after every prompt's prefill."""
+    from core_runner import SamplingParams
+    from core_runner.bench.profile import profile_pass
+
+    params = SamplingParams(max_tokens=a.output_len, temperature=0.0, ignore_eos=True)
+
+    def add_all(prefix: str) -> None:
+        for i, p in enumerate(prompts):
+            eng.add_request(p, params, req_id=f"{prefix}{i}")
+
+    budget = eng.config.max_num_batched_tokens
+    prefill_steps = -(-len(prompts) * prompt_len // budget)
+    return profile_pass(eng, add_all, a.profile_steps,
+                        prof_at=min(prefill_steps + 4, prefill_steps + a.output_len // 2))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@
 #             stages' own GPU tests, tests/test_bench_*.py, run only when GPU_TESTS names them)
 #   sampler   core-runner bench --sampler                               -> sampler.json
 #   qwen      core-runner bench W1 W2 (Qwen3-0.6B shape, --peer ...)    -> qwen.json
-#   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer)  -> granite.json
+#   granite   granite-4.0-h-350m shape, W1 (+ peer with --family-peer; GRANITE_PROFILE=N: --profile-steps N) -> granite.json
 #   deepseek  DeepSeek-V2-Lite (published config, random bf16), W1 W2 (+ peer with --family-peer) -> deepseek.json
 #             (DS_WORKLOADS narrows, DS_PROFILE=N adds --profile-steps N)
 #   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
@@ -31,7 +31,8 @@
 #             (installs fastapi/uvicorn from a carried .wheels/ when the image lacks them:
 #             pip download --dest .wheels --only-binary=:all: --python-version 3.12 fastapi uvicorn prometheus_client
 #             uvloop httptools)
-#   attn      paged attention launch choices at W1 / W2 step shapes (ATTN_SHAPES narrows) -> attn.json
+#   attn      paged attention launch choices at W1 / W2 / Gemma-3 decode step shapes (ATTN_SHAPES narrows;
+#             ATTN_KV=fp8: an fp8 cache, the bf16 default beside it)            -> attn.json / attn_fp8.json
 #   spec      speculative decoding on W2R (W2 with repeated prompts): TPOT, tok/s, acceptance, off vs
 #             n-gram k=3 on the Qwen3-0.6B shape at T 0.6 -> spec.json and greedy -> spec_greedy.json;
 #             off vs MTP k=1 on the deepseek-v3-mtp shape (random weights, first SPEC_MTP_N (128)
@@ -52,6 +53,7 @@
 #             compressed-tensors and xgrammar from .wheels at the start when the image lacks them)
 #   gemma3    gemma-3-1b shape (dummy), window GEMMA3_WINDOW (1024), 128 requests of 8,192 tokens: KV held vs
 #             local x min(ctx, window) + global x ctx, pure-decode tok/s vs roofline               -> gemma3.json
+#             (GEMMA3_PROFILE=N: N decode steps under the profilers, top kernels printed)
 #   w3granite W3 on the granite-4.0-h-350m checkpoint (written as for granite), prefix cache on vs off  -> w3granite.json
 #             (W3G_N (env): --num-requests)
 #   rerank    ms-marco-MiniLM-L-6-v2-shaped cross-encoder (random fp16): LLM.score vs transformers pairs/s on
@@ -127,7 +129,8 @@ for s in "${STAGES[@]}"; do
       FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 --peer-timeout ${PEER_TIMEOUT:-150})
       timeout 120 python3 -m core_runner_granite_hybrid.bench $CKPT/granite 2>&1 | tail -2
       timeout 400 python3 -m core_runner.cli bench --model $CKPT/granite --workload W1 "${N[@]}" "${FP[@]}" \
-        --json "$LOG/granite.json" 2>&1 | tee -a "$LOG/bench.log" | grep -v Warning | tail -25;;
+        ${GRANITE_PROFILE:+--profile-steps $GRANITE_PROFILE} --json "$LOG/granite.json" 2>&1 | tee -a "$LOG/bench.log" \
+        | grep -v Warning | tail -50;;
     deepseek)
       say deepseek
       FP=(); [ "$FPEER" = 1 ] && FP=(--peer W1 --peer-timeout ${PEER_TIMEOUT:-150})  # the HF MoE loop makes a W2 peer run far too long
@@ -208,7 +211,8 @@ for s in "${STAGES[@]}"; do
       timeout 240 python3 benchmarks/feature_smoke.py 2>&1 | grep -v Writing | tail -8 | tee -a "$LOG/bench.log";;
     attn)
       say attention launch sweep at the W1 / W2 step shapes
-      timeout 420 python3 benchmarks/attn_sweep.py --json "$LOG/attn.json" ${ATTN_SHAPES:+--shapes $ATTN_SHAPES} 2>&1 \
+      timeout 420 python3 benchmarks/attn_sweep.py --json "$LOG/attn${ATTN_KV:+_$ATTN_KV}.json" \
+        ${ATTN_SHAPES:+--shapes $ATTN_SHAPES} ${ATTN_KV:+--kv-dtype $ATTN_KV} 2>&1 \
         | grep -v Warning | tail -12 | tee -a "$LOG/bench.log";;
     embedprof)
       say embed host profile
@@ -242,8 +246,9 @@ for s in "${STAGES[@]}"; do
         | tee -a "$LOG/bench.log" | grep -v Warning | tail -6;;
     gemma3)
       say gemma3: gemma-3-1b shape, 8,192-token contexts, window ${GEMMA3_WINDOW:-1024}
-      timeout 200 python3 benchmarks/gemma3_bench.py --window ${GEMMA3_WINDOW:-1024} --json "$LOG/gemma3.json" 2>&1 \
-        | tee -a "$LOG/bench.log" | grep -v Warning | tail -6;;
+      timeout 240 python3 benchmarks/gemma3_bench.py --window ${GEMMA3_WINDOW:-1024} ${GEMMA3_PROFILE:+--profile-steps $GEMMA3_PROFILE} \
+        --json "$LOG/gemma3.json" 2>&1 \
+        | tee -a "$LOG/bench.log" | grep -v Warning | tail -30;;
     w3granite)
       say w3granite: W3 on the granite-4.0-h-350m shape, prefix cache on vs off
       [ -f $CKPT/granite/config.json ] || timeout 120 python3 -m core_runner_granite_hybrid.bench $CKPT/granite 2>&1 | tail -2

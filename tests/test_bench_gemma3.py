@@ -30,8 +30,12 @@ def test_windowed_layers_read_at_most_their_window():
 def test_gemma3_stage_reports_kv_against_the_formula(tmp_path, single_torch_thread):
     out = tmp_path / "gemma3.json"
     gemma3_bench.main(["--device", "cpu", "--dtype", "float32", "--tiny", "--num-requests", "3", "--context", "160",
-                       "--output-len", "12", "--window", "32", "--root", str(tmp_path), "--json", str(out)])
+                       "--output-len", "12", "--window", "32", "--root", str(tmp_path), "--profile-steps", "2",
+                       "--json", str(out)])
     res = json.loads(out.read_text())
+    # the profile pass: whole steps under cProfile, each running the 6 layers' attention once
+    attn = [h for h in res["profile"]["host_top"] if "paged_attention_ref" in h["func"]]
+    assert attn and attn[0]["calls_per_step"] == 6, res["profile"]["host_top"]
     assert res["output_tokens"] == 3 * 12 and res["decode_steps_timed"] > 0 and res["decode_tok_s"] > 0
     assert res["kv_windowed_bytes_per_token"] and res["kv_windowed_bytes_per_token"][0][0] == 32
     assert res["kv_full_bytes_per_token"] > 0

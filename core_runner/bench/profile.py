@@ -12,14 +12,17 @@ from pathlib import Path
 import torch
 
 
-def profile_pass(eng, add_all, profile_steps: int) -> dict:
+def profile_pass(eng, add_all, profile_steps: int, prof_at: int | None = None) -> dict:
     """The workload again, outside the clock: ``profile_steps`` decode steps under the torch
     profiler (GPU idle, top kernels), then as many under cProfile (host), then abort. The
     prefix cache is emptied first, so the prefill steps profiled compute their prompts as the
-    timed pass did rather than hitting the blocks it left cached."""
+    timed pass did rather than hitting the blocks it left cached. The decode steps start at
+    step ``prof_at`` (default 100 with >= 64 requests, else 10): a workload whose prompts
+    take longer to prefill passes a later one."""
     eng.reset_prefix_cache()
     add_all("p")
-    prof_at = 100 if len(eng.scheduler.requests) >= 64 else 10
+    if prof_at is None:
+        prof_at = 100 if len(eng.scheduler.requests) >= 64 else 10
     found: dict = {}
     prof = host = None
     for step in range(prof_at + 2 * profile_steps):

@@ -247,7 +247,8 @@ def paged_attention_triton(
     forces the split-KV path; None lets a heuristic choose (split only for decode).
     ``config`` overrides the launch parameters (BLOCK_M, BLOCK_N, num_warps, num_stages,
     UNMASKED_LOOP, FP16_DOT: the products in fp16, default for an fp8 cache under a 16-bit
-    q): a measurement hook (benchmarks/attn_sweep.py). ``sliding_window``,
+    q; maxnreg: a register cap per thread, for occupancy): a measurement hook
+    (benchmarks/attn_sweep.py). ``sliding_window``,
     ``logits_soft_cap``, ``sinks`` ([heads]) and ``kv_scale`` (float32 [2] on the device: the
     k / v cache scales) as in ``paged_attention_ref``."""
     num_tokens, num_heads, head_size = q.shape
@@ -308,7 +309,7 @@ def paged_attention_triton(
         DOT_PRECISION=dot_precision, UNMASKED_LOOP=cfg["UNMASKED_LOOP"],
         WINDOWED=sliding_window is not None, SOFT_CAP=cap is not None, HAS_SINKS=sinks is not None,
         HAS_KV_SCALE=kv_scale is not None, FP16_DOT=cfg["FP16_DOT"], num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        num_stages=cfg["num_stages"], **({"maxnreg": cfg["maxnreg"]} if cfg.get("maxnreg") else {}),
     )
     if num_splits > 1:
         merge_splits(out, (m_buf, l_buf, acc_buf), query_start_loc, num_reqs, num_splits, block_d)
