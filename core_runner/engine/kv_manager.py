@@ -65,10 +65,15 @@ class KVCacheManager:
             return
         for g, ids in enumerate(table):
             first = min(self._first_needed(g, num_computed), len(ids))
-            gone = [b for b in ids[:first] if b != NULL_BLOCK]
-            if gone:
-                self.pool.free(gone)
-                ids[:first] = [NULL_BLOCK] * first
+            # released entries always form a prefix (here and in take_cached), so only the
+            # blocks the window left since the last step are looked at: a walk over the whole
+            # prefix every step cost Gemma-3 decode ~5 ms of host time a step at 8k contexts
+            live = first
+            while live > 0 and ids[live - 1] != NULL_BLOCK:
+                live -= 1
+            if live < first:
+                self.pool.free(ids[live:first])
+                ids[live:first] = [NULL_BLOCK] * (first - live)
 
     def grow(self, table: list[list[int]], num_computed: int, end: int) -> list[list[int]] | None:
         """Blocks up to token ``end`` in every group (None: the pool cannot supply them);

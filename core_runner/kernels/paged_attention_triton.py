@@ -215,6 +215,12 @@ def _launch_config(max_query_len: int, group_pad: int, block_d: int, elem_bytes:
     block_n = 64 if block_d * elem_bytes <= 256 else 32
     if max_query_len * group_pad <= 16:
         cfg = {"BLOCK_M": 16, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "UNMASKED_LOOP": False}
+        if elem_bytes == 1 and device.type == "cuda":
+            # an fp8 cache's operands go through shared memory and a conversion, which takes
+            # ~184 registers a thread uncapped (bf16: 96): two programs an SM instead of four.
+            # Capped at 128 the decode step at W1 shapes took 240 us instead of 326 (bf16: 308;
+            # benchmarks/attn_sweep.py --kv-dtype fp8 on the H100)
+            cfg["maxnreg"] = 128
     else:
         cfg = {"BLOCK_M": 64, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "UNMASKED_LOOP": True}
     cfg["BLOCK_M"] = max(cfg["BLOCK_M"], group_pad)
