@@ -1,4 +1,5 @@
-"""RMSNorm with an optional fused residual add (Triton twin of ``layers.norm.RMSNorm``).
+"""RMSNorm with an optional fused residual add (Triton twin of ``layers.norm.RMSNorm``,
+and with ``gemma=True`` of ``layers.norm.GemmaRMSNorm``).
 
 A "row" is one normalised vector: a token of a 2-D ``[T, H]`` input, or one head of a
 3-D ``[T, heads, D]`` input (the per-head q/k norms). Rows may be strided, e.g. views of
@@ -9,7 +10,9 @@ Numerics follow the torch reference step by step: the residual add is done in fp
 rounded to the input dtype (as torch's bf16 add does), the normalised value is computed
 in fp32, rounded to the input dtype, then multiplied by the weight in fp32 and rounded
 to the output dtype (the promotion of input and weight dtypes, as ``weight * x`` gives).
-Only the order of the sum of squares differs from torch.
+Only the order of the sum of squares differs from torch. Gemma's variant keeps the
+normalised value in fp32, scales it by (1 + weight) in fp32 and rounds once, to the
+input dtype (transformers' Gemma RMSNorm).
 
 The row count is not specialised on and the grid comes from host ints, so batch-size
 changes never recompile and the launch is safe inside CUDA graphs.
@@ -32,6 +35,7 @@ def _rms_norm_kernel(
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_RES: tl.constexpr,
+    GEMMA: tl.constexpr,
 ):
     rows32 = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # n_rows < 2**31
     d = tl.arange(0, BLOCK_D)
@@ -48,9 +52,12 @@ def _rms_norm_kernel(
     xf = x.to(tl.float32)
     mean_sq = tl.sum(xf * xf, axis=1) * inv_d  # torch's CUDA mean: sum * (1 / D)
     rstd = tl.math.rsqrt(mean_sq + eps)
-    normed = (xf * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-    tl.store(out_ptr + dst, (normed * w[None, :]).to(out_ptr.dtype.element_ty), mask=mask)
+    if GEMMA:
+        y = (xf * rstd[:, None]) * (1.0 + w[None, :])
+    else:
+        y = (xf * rstd[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32) * w[None, :]
+    tl.store(out_ptr + dst, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def _launch_config(D: int) -> tuple[int, int, int]:
@@ -69,11 +76,12 @@ def _row_strides(t: torch.Tensor) -> tuple[int, int]:
 
 
 def rms_norm_triton(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None, gemma: bool = False
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """x: [T, H] or [T, heads, D] with a contiguous last dim (rows may be strided);
     weight: [D]; residual: None or x's shape and dtype. Returns a new contiguous
-    ``out`` or ``(out, x + residual)``; the inputs are never written."""
+    ``out`` or ``(out, x + residual)``; the inputs are never written. ``gemma``: scale by
+    (1 + weight), the output in x's dtype (``GemmaRMSNorm``)."""
     if x.dim() not in (2, 3):
         raise ValueError(f"rms_norm expects a 2-D or 3-D input, got shape {tuple(x.shape)}")
     D = x.shape[-1]
@@ -82,7 +90,8 @@ def rms_norm_triton(
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError("residual must have x's shape and dtype")
     weight = weight.contiguous()
-    out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+    out_dtype = x.dtype if gemma else torch.promote_types(x.dtype, weight.dtype)
+    out = torch.empty(x.shape, dtype=out_dtype, device=x.device)
     res_out = torch.empty_like(x, memory_format=torch.contiguous_format) if residual is not None else out
     heads = 1 if x.dim() == 2 else x.shape[1]
     n_rows = x.shape[0] * heads
@@ -96,7 +105,7 @@ def rms_norm_triton(
         n_rows, heads, D,
         s_x0, s_x1, s_r0, s_r1,
         eps, 1.0 / D,
-        ROWS=rows, BLOCK_D=block_d, HAS_RES=residual is not None,
+        ROWS=rows, BLOCK_D=block_d, HAS_RES=residual is not None, GEMMA=gemma,
         num_warps=num_warps, enable_fp_fusion=False,
     )
     return out if residual is None else (out, res_out)

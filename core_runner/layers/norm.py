@@ -3,8 +3,8 @@ Gemma's variant that scales by (1 + weight).
 
 On the Triton path (``use_triton_kernels``) one kernel does the add and the norm of a
 2-D [T, H] or 3-D [T, heads, D] input, strided rows included; this torch code is the
-reference and the CPU path. ``GemmaRMSNorm`` has no kernel of its own: it is torch code
-on every path (fp32 math, one cast back)."""
+reference and the CPU path. ``GemmaRMSNorm`` (fp32 math, one cast back) takes the same
+kernel in its Gemma mode."""
 from __future__ import annotations
 
 import torch
@@ -54,7 +54,8 @@ class GemmaRMSNorm(nn.Module):
     """Gemma's RMSNorm: x / sqrt(mean(x^2) + eps) * (1 + weight), all in float32 and cast
     back to x's dtype once (transformers' Gemma/Gemma2/Gemma3 RMSNorm; the checkpoint's
     weight is stored zero-centred). ``forward(x)`` and ``forward(x, residual)`` as
-    ``RMSNorm`` (the residual add in x's dtype). Torch code on every path."""
+    ``RMSNorm`` (the residual add in x's dtype); the Triton path is ``rms_norm_triton``
+    with ``gemma=True``, this torch code its reference."""
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
@@ -68,6 +69,10 @@ class GemmaRMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if use_triton_kernels(x) and RMSNorm._triton_fits(x, residual):
+            from core_runner.kernels.rms_norm_triton import rms_norm_triton
+
+            return rms_norm_triton(x, self.weight, self.eps, residual, gemma=True)
         if residual is None:
             return self.norm_ref(x)
         x = x + residual

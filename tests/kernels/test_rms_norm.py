@@ -128,3 +128,50 @@ def test_half_precision_gpu(dtype, d):
     out32 = rms_norm_triton(x, m32.weight, m.eps)
     assert out32.dtype == torch.float32
     torch.testing.assert_close(out32, _ref(m32, x), atol=2e-2, rtol=2e-2)
+
+
+def _gemma_layer(d, device, dtype=torch.float32, seed=7):
+    from core_runner.layers.norm import GemmaRMSNorm
+
+    g = torch.Generator().manual_seed(seed)
+    m = GemmaRMSNorm(d, 1e-6)
+    m.weight.data = (0.3 * torch.randn(d, generator=g)).to(device, dtype)  # zero-centred, as checkpoints store it
+    return m
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemma_mode_matches_gemma_rms_norm(device, dtype):
+    """(1 + weight) in fp32, one rounding to x's dtype; 2-D with a residual and strided 3-D heads."""
+    m = _gemma_layer(256, device, dtype)
+    g = torch.Generator().manual_seed(8)
+    x, r = (2 * torch.randn(2, 11, 256, generator=g)).to(device, dtype)
+    out, s = rms_norm_triton(x, m.weight, m.eps, r, gemma=True)
+    ref_s = x + r
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: a rounding tipped by the sum order
+    assert out.dtype == dtype
+    if device == "cuda" or dtype == torch.float32:
+        assert torch.equal(s, ref_s)
+    else:  # the interpreter's fp32 -> bf16 conversion does not round to nearest
+        torch.testing.assert_close(s, ref_s, atol=tol, rtol=tol)
+    torch.testing.assert_close(out, m.norm_ref(ref_s), atol=tol, rtol=tol)
+    # the plain kernel would scale by weight alone: far off
+    assert not torch.allclose(rms_norm_triton(ref_s, m.weight, m.eps), m.norm_ref(ref_s), atol=0.1, rtol=0.1)
+    heads = (torch.randn(5, 3 * 256, generator=g)).to(device, dtype)[:, 256:].reshape(5, 2, 256)
+    torch.testing.assert_close(rms_norm_triton(heads, m.weight, m.eps, gemma=True), m.norm_ref(heads), atol=tol,
+                               rtol=tol)
+
+
+def test_gemma_layer_dispatch(device, monkeypatch):
+    calls = []
+    real = rms_mod.rms_norm_triton
+    monkeypatch.setattr(rms_mod, "rms_norm_triton", lambda *a, **kw: calls.append(kw.get("gemma")) or real(*a, **kw))
+    m = _gemma_layer(64, device)
+    g = torch.Generator().manual_seed(9)
+    x, r = torch.randn(2, 5, 64, generator=g).to(device)
+    with set_forward_context(None, None, "triton"):
+        out, s = m(x, r)
+    assert calls == [True]
+    torch.testing.assert_close(out, m.norm_ref(x + r), atol=1e-5, rtol=1e-5)
+    with set_forward_context(None, None, "torch"):
+        m(x, r)
+    assert calls == [True]
