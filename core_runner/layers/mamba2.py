@@ -25,8 +25,8 @@ parts of their packed x | B | C (and z, dt) channels, the row state is sized by 
 each rank keeps the state of its own heads, and out_proj is row-parallel (all-reduce).
 
 With kernels='triton' (``use_triton_kernels``; the attention backend does not matter)
-the conv and scan run as Triton kernels (graph safe; steps with prefill tokens use the
-chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise the torch references
+the conv, scan and gated norm run as Triton kernels (graph safe; steps with prefill tokens
+use the chunk-parallel scan of ``kernels.mamba_ssd_triton``); otherwise the torch references
 in ``core_runner.kernels.mamba`` run one request at a time.
 """
 from __future__ import annotations
@@ -113,6 +113,15 @@ class GatedRMSNorm(nn.Module):
         self.weight.weight_loader = _parts_loader([part], "gated norm weight")
 
     def forward(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if (not self.spans_ranks and use_triton_kernels(z) and y.dim() == 2 and y.shape == z.shape
+                and y.stride(-1) == 1 and z.stride(-1) == 1):
+            from core_runner.kernels.gated_rms_norm_triton import gated_rms_norm_triton
+
+            return gated_rms_norm_triton(y, z, self.weight, self.group_size, self.eps)
+        return self.norm_ref(y, z)
+
+    def norm_ref(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """The torch path (the CPU's, a group spread over ranks, and the kernel's reference)."""
         dtype = z.dtype
         h = y.float() * F.silu(z.float())
         if self.spans_ranks:
