@@ -257,7 +257,7 @@ for s in "${STAGES[@]}"; do
         | grep -v Warning | tail -16;;
     rerank)
       say rerank: cross-encoder pairs/s, LLM.score vs transformers
-      timeout 150 python3 benchmarks/rerank_bench.py --max-num-batched-tokens 8192 32768 --profile --json "$LOG/rerank.json" 2>&1 | tee -a "$LOG/bench.log" \
+      timeout 150 python3 benchmarks/rerank_bench.py --max-num-batched-tokens default 8192 --profile --json "$LOG/rerank.json" 2>&1 | tee -a "$LOG/bench.log" \
         | grep -v -e Warning -e "Writing model" -e "Loading weights" -e USDT -e "CUDA profiling" | tail -30;;
     mamba2)
       say mamba2: mamba2-780m shape W1 vs roofline

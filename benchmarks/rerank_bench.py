@@ -66,7 +66,8 @@ def sync(device: str) -> None:
 
 
 def run_engine(model: str, queries, passages, device: str, dtype: str, batch: int,
-               tokens: int = 8192, profile: bool = False) -> tuple[dict, torch.Tensor]:
+               tokens: int | None = None, profile: bool = False) -> tuple[dict, torch.Tensor]:
+    """``tokens`` None: the engine's own max_num_batched_tokens (reported as used)."""
     from core_runner import LLM
     from core_runner.bench.profile import profile_call
 
@@ -81,7 +82,8 @@ def run_engine(model: str, queries, passages, device: str, dtype: str, batch: in
     scores = torch.tensor([o.outputs.score for o in outs])
     n = sum(len(o.prompt_token_ids) for o in outs)
     res = {"pairs_per_s": len(queries) / elapsed, "tokens_per_s": n / elapsed, "seconds": elapsed,
-           "mean_pair_tokens": n / len(outs), "max_num_batched_tokens": tokens, "plan": repr(llm.engine.plan)}
+           "mean_pair_tokens": n / len(outs), "max_num_batched_tokens": llm.engine.config.max_num_batched_tokens,
+           "engine_default_tokens": tokens is None, "plan": repr(llm.engine.plan)}
     if profile:
         # the timed call again, outside the clock, under the torch profiler and cProfile
         res["profile"] = profile_call(partial(llm.score, queries, passages, use_tqdm=False), llm.engine.debug.on_step)
@@ -133,9 +135,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--dtype", default="float16", choices=list(DTYPES))
     ap.add_argument("--num-pairs", type=int, default=2048)
     ap.add_argument("--batch", type=int, default=256)
-    ap.add_argument("--max-num-batched-tokens", type=int, nargs="+", default=[8192],
-                    help="the engine's token budget per step; several run one engine each (the first is the "
-                         "reported one, the rest go under 'engine_by_tokens')")
+    ap.add_argument("--max-num-batched-tokens", type=lambda v: None if v == "default" else int(v), nargs="+",
+                    default=[None], help="the engine's token budget per step ('default': the engine's choice); "
+                                         "several run one engine each (the first is the reported one, the rest go "
+                                         "under 'engine_by_tokens')")
     ap.add_argument("--tiny", action="store_true", help="shrunk sizes (CPU smoke test)")
     ap.add_argument("--model", default=None, help="a cross-encoder checkpoint instead of the random one")
     ap.add_argument("--profile", action="store_true",
@@ -161,11 +164,13 @@ def main(argv: list[str] | None = None) -> dict:
            "max_abs_score_diff": float((eng_scores - peer_scores).abs().max()),
            "engine_by_tokens": {str(r["max_num_batched_tokens"]): {"pairs_per_s": r["pairs_per_s"],
                                 "ratio": r["pairs_per_s"] / peer["pairs_per_s"],
-                                "max_abs_score_diff": float((sc - peer_scores).abs().max())} for r, sc in runs}}
+                                "max_abs_score_diff": float((sc - peer_scores).abs().max()),
+                                "engine_default_tokens": r["engine_default_tokens"]} for r, sc in runs}}
     print(f"rerank engine: {eng['pairs_per_s']:,.0f} pairs/s ({eng['tokens_per_s']:,.0f} tok/s, "
           f"{eng['mean_pair_tokens']:.0f} tokens a pair); transformers {peer['pairs_per_s']:,.0f} pairs/s; "
           f"ratio {res['ratio']:.2f}x (target >= 3x); max |score diff| {res['max_abs_score_diff']:.2e} "
-          f"({a.num_pairs} pairs, {a.dtype} on {a.device}, {eng['max_num_batched_tokens']} tokens a step)", flush=True)
+          f"({a.num_pairs} pairs, {a.dtype} on {a.device}, {eng['max_num_batched_tokens']} tokens a step"
+          f"{', the engine default' if eng['engine_default_tokens'] else ''})", flush=True)
     if "profile" in eng:
         print_profile(eng["profile"])
     for r, _ in runs[1:]:

@@ -201,6 +201,25 @@ def fit_max_num_seqs(config: EngineConfig, state_bytes_per_row: int, snapshot_by
     return seqs
 
 
+# vLLM's token budget for pooling runners (POOLING_MODEL_MAX_NUM_BATCHED_TOKENS)
+POOLING_MAX_NUM_BATCHED_TOKENS = 32768
+
+
+def pooling_batch_tokens(config: EngineConfig, tasks: tuple[str, ...]) -> int:
+    """The max_num_batched_tokens to use: the config's, or, when the engine chose it and the
+    model only pools (no "generate" task) on a GPU, at least 32,768 as vLLM gives pooling
+    runners (capped at what max_num_seqs full-length prompts could use). A pooling step has
+    no decode rows to keep short, so a larger step only batches more prompts: the
+    cross-encoder bench (benchmarks/rerank_bench.py, H100) scored 2,154-2,641 pairs/s at
+    8,192 tokens a step and 4,035-4,265 at 32,768. On the CPU the default stays: its steps
+    are bound by compute, not by launches."""
+    tokens = config.max_num_batched_tokens
+    chosen = getattr(config, "_chosen_limits", (False, False))[1]
+    if not chosen or "generate" in tasks or not config.device.startswith("cuda"):
+        return tokens
+    return max(tokens, min(POOLING_MAX_NUM_BATCHED_TOKENS, config.max_num_seqs * config.max_model_len))
+
+
 # ---- CPU threads -------------------------------------------------------------------------
 THREAD_ENV_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # torch's intra-op count is process-wide: remembering the count the engine set lets a later

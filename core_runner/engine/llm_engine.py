@@ -21,6 +21,7 @@ from core_runner.engine.defaults import (
     fit_max_num_seqs,
     kv_cache_budget,
     load_generation_defaults,
+    pooling_batch_tokens,
     read_memory,
     resolve_dtype,
 )
@@ -110,6 +111,8 @@ class LLMEngine:
         self.plan = plan_execution(config, self.registration)
         check_quantization(self.hf_config, self.registration)  # before any weight is read
         check_config(self.hf_config, self.registration)
+        self._raise_pooling_budget()
+        config = self.config
         max_pos = getattr(self.hf_config, "max_position_embeddings", None)
         if max_pos is not None and config.max_model_len > max_pos:
             raise ValueError(
@@ -155,6 +158,20 @@ class LLMEngine:
         else:
             self.runner = self.executor = build_runner(spec)
             self._finish_build(memory_probe)
+
+    def _raise_pooling_budget(self) -> None:
+        """A pooling-only model on a GPU whose max_num_batched_tokens the engine chose gets
+        vLLM's pooling budget (``pooling_batch_tokens``); the plan is made again."""
+        c = self.config
+        tokens = pooling_batch_tokens(c, self.registration.tasks)
+        if tokens == c.max_num_batched_tokens:
+            return
+        logger.info("max_num_batched_tokens %d -> %d: %s only pools, and a pooling step has no decode rows to keep "
+                    "short (vLLM's pooling budget; pass max_num_batched_tokens to choose)", c.max_num_batched_tokens,
+                    tokens, self.architecture)
+        self.config = dataclasses.replace(c, max_num_batched_tokens=tokens)
+        object.__setattr__(self.config, "_chosen_limits", c._chosen_limits)
+        self.plan = plan_execution(self.config, self.registration)
 
     def _fit_max_num_seqs(self, fp: Any, free: int, total: int, share: int) -> None:
         """Lower an engine-chosen max_num_seqs that the model's per-row state would not fit
