@@ -17,6 +17,8 @@
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
 #   moe-sweep fused MoE tile sweep, DeepSeek-V2-Lite layer (T 256 / 1024 / 8192), then V3's
 #             (MOE_SHAPES (env): which of v2-lite v3)                     -> moe_sweep_<shape>.json
+#   moe-align the fused MoE's pair alignment, torch moe_align vs moe_align_triton (the CUDA default since
+#             session 23), T 1..8192 at V2-Lite / V3 routing, decode sizes from CUDA graphs  -> moe_align.json
 #   fp8-moe   fp8 grouped GEMM GPU tests, then fp8 vs bf16 fused MoE at the DeepSeek-V3 layer (T 1..256 from
 #             CUDA graphs, 4096 / 8192 eager; FP8_MOE_TOKENS (env) narrows)  -> fp8_moe.json
 #   conformance  the suite's GPU checks (graph = eager, Triton = torch) for every plugin
@@ -228,6 +230,10 @@ for s in "${STAGES[@]}"; do
         timeout 400 python3 benchmarks/moe_sweep.py --shape $shape --json "$LOG/moe_sweep_$shape.json" 2>&1 \
           | tee -a "$LOG/bench.log" | grep -v Warning | grep -e '^T=' -e default -e took | tail -12
       done;;
+    moe-align)
+      say moe_align: torch vs Triton alignment at V2-Lite / V3 routing
+      timeout 200 python3 benchmarks/moe_align_bench.py --json "$LOG/moe_align.json" 2>&1 | tee -a "$LOG/bench.log" \
+        | grep -v Warning | tail -12;;
     fp8-moe)
       say fp8 fused MoE: GPU tests, then fp8 vs bf16 at the DeepSeek-V3 layer
       timeout 240 python3 -m pytest -q -p no:cacheprovider -m "gpu or not gpu" tests/kernels/test_fused_moe_fp8.py \

@@ -8,11 +8,11 @@ the [1, 128] grid ``quantization.construction`` gives them). Activations are qua
 per token and group of b1 channels on the fly (amax / 448, as ``fp8_block_matmul``),
 so every K block of a dot is fp8 x fp8 scaled once by x_s[row, g] * w_s[e, n // b0, g].
 
-Same sorted-pair / expert-tile layout as the bf16 kernel (``moe_align``, imported from
+Same sorted-pair / expert-tile layout as the bf16 kernel (``align_pairs``, imported from
 there): pairs (token, expert) sorted by expert and padded to BLOCK_M per expert, one
 expert per tile, ids outside [0, E) (expert parallelism's -1) in no tile.
 
-Three launches between ``moe_align`` and the final sum over top_k:
+Three launches between ``align_pairs`` and the final sum over top_k:
 - the hidden states are quantized once per token (``per_token_group_quant_fp8_triton``),
   not once per (token, expert) pair: the gate_up GEMM gathers row pair // top_k;
 - gate_up GEMM -> [pairs, 2I] in the hidden dtype (bias added in fp32 before the store);
@@ -35,7 +35,7 @@ import triton.language as tl
 
 from core_runner.kernels.fp8_block_matmul import MIN_SCALE
 from core_runner.kernels.fp8_block_matmul_triton import _check_block, _round_e4m3, per_token_group_quant_fp8_triton
-from core_runner.kernels.fused_moe_triton import SWIGLU_ALPHA, SWIGLU_LIMIT, gemm_config, moe_align
+from core_runner.kernels.fused_moe_triton import SWIGLU_ALPHA, SWIGLU_LIMIT, align_pairs, gemm_config
 from core_runner.quantization.fp8 import FP8_MAX, expected_scale_shape
 
 FP8 = torch.float8_e4m3fn
@@ -210,7 +210,7 @@ def fused_moe_fp8_triton(
     top_k = topk_ids.shape[1]
     num_pairs = num_tokens * top_k
     cfg = fp8_gemm_config(num_pairs, hidden.device, block, block_m, config, num_experts=num_experts)
-    sorted_pairs, block_expert = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
+    sorted_pairs, block_expert = align_pairs(topk_ids, num_experts, cfg["BLOCK_M"])
     x_q, x_s = per_token_group_quant_fp8_triton(hidden if hidden.stride(-1) == 1 else hidden.contiguous(), block[1])
     weights = topk_weights.reshape(-1).float().contiguous()
     gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)

@@ -4,7 +4,8 @@
 Alignment. The T * top_k (token, expert) pairs are sorted by expert and each expert's
 run is padded to a multiple of BLOCK_M with a sentinel (T * top_k), so every tile of
 BLOCK_M sorted pairs belongs to one expert. ``moe_align`` builds, with device ops only
-(no host reads, so a CUDA graph can capture it):
+(no host reads, so a CUDA graph can capture it; on CUDA ``moe_align_triton`` builds the
+same in three launches, ``align_pairs`` picks):
   sorted_pairs [max_padded]   pair index (token * top_k + k) or the sentinel
   block_expert [max_blocks]   the expert of each tile, -1 for the unused tail
 where max_padded = T * top_k + E * (BLOCK_M - 1) bounds the padded length from host
@@ -28,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
+from core_runner.kernels.moe_align_triton import moe_align_triton
 from core_runner.kernels.silu_mul_triton import silu_mul_triton
 
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's (layers.fused_moe has the same defaults)
@@ -63,6 +65,15 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[t
     block_expert = torch.searchsorted(pad_end, tile_start, right=True)
     block_expert = torch.where(block_expert < num_experts, block_expert, -1).to(torch.int32)
     return sorted_pairs[:max_padded], block_expert
+
+
+def align_pairs(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``moe_align``'s outputs: from ``moe_align_triton`` on CUDA (three launches where the
+    torch code takes ~40 small kernels a layer), from the torch code elsewhere (its reference,
+    cheaper than three interpreted launches on the CPU)."""
+    if topk_ids.is_cuda:
+        return moe_align_triton(topk_ids, num_experts, block_m)
+    return moe_align(topk_ids, num_experts, block_m)
 
 
 @triton.jit(do_not_specialize=["num_pairs"])
@@ -219,7 +230,7 @@ def fused_moe_triton(
     num_pairs = num_tokens * top_k
     cfg = gemm_config(num_pairs, hidden.device, block_m, config, num_experts=num_experts,
                       elem_bytes=hidden.element_size())
-    sorted_pairs, block_expert = moe_align(topk_ids, num_experts, cfg["BLOCK_M"])
+    sorted_pairs, block_expert = align_pairs(topk_ids, num_experts, cfg["BLOCK_M"])
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
     gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)
     weights = topk_weights.reshape(-1).float().contiguous()

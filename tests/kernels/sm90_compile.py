@@ -197,6 +197,7 @@ def moe_cases() -> dict:
     """The fused MoE grouped GEMM in bf16 with expert biases and gpt-oss's clamped SwiGLU
     (its own activation kernel), and without (silu_mul), with the GPU's pipeline depth."""
     from core_runner.kernels.fused_moe_triton import fused_moe_triton
+    from core_runner.kernels.moe_align_triton import moe_align_triton
 
     t, e, k, h, i = 64, 32, 4, 256, 192
     g = torch.Generator().manual_seed(0)
@@ -209,6 +210,9 @@ def moe_cases() -> dict:
         "moe": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu),
         "moe_bias_swigluoai": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu, w13_bias=b13, w2_bias=b2,
                                                        activation="swigluoai"),
+        # the alignment CUDA takes (align_pairs): V2-Lite's 64 experts of top-6 at a decode step, V3's 256
+        "moe_align": lambda: (moe_align_triton(torch.randint(0, 64, (1024, 6), generator=g), 64, 16),
+                              moe_align_triton(torch.randint(0, 256, (64, 8), generator=g), 256, 128)),
     } | moe_fp8_cases()
 
 
