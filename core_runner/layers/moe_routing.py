@@ -1,7 +1,9 @@
 """Expert routing: router logits [T, E] -> (weights [T, top_k] float32, ids [T, top_k] int32).
 
 Every function works in float32 whatever the model dtype, is free of host reads (so it
-is safe inside a CUDA graph) and returns ids as int32 for the fused MoE kernels. The
+is safe inside a CUDA graph) and returns ids as int32 for the fused MoE kernels. On CUDA
+under the Triton kernel mode each runs as one kernel (``kernels/moe_routing_triton.py``),
+this torch code being its reference. The
 order of the top_k columns carries no meaning: the MoE layer sums over them.
 
 - ``softmax_topk``: Mixtral / Qwen-MoE style; optionally renormalises the kept weights.
@@ -17,6 +19,15 @@ from __future__ import annotations
 
 import torch
 
+from core_runner.forward_context import use_triton_kernels
+
+
+def _on_triton(router_logits: torch.Tensor) -> bool:
+    """The one-launch kernel (``kernels/moe_routing_triton.py``) on CUDA under the Triton
+    kernel mode; the torch code below (its reference) everywhere else, the interpreter
+    included: a program per token row is slow there and the code is the same."""
+    return router_logits.is_cuda and use_triton_kernels(router_logits)
+
 
 def _out(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weights.float(), ids.to(torch.int32)
@@ -25,6 +36,10 @@ def _out(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.
 def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Softmax over the experts, keep the top_k: (weights [T, top_k] float32, ids int32);
     ``renormalize`` rescales the kept weights to sum to 1 (Mixtral, Qwen-MoE)."""
+    if _on_triton(router_logits):
+        from core_runner.kernels.moe_routing_triton import route_triton
+
+        return route_triton(router_logits, top_k, mode="softmax", renormalize=renormalize)
     probs = router_logits.float().softmax(dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
     if renormalize:
@@ -62,14 +77,22 @@ def grouped_topk_v2(
     "group_limited_greedy" first masks all but the ``topk_group`` groups (of ``n_group``)
     with the best single score. Returns (weights x routed_scaling_factor [T, top_k] float32,
     ids int32)."""
+    if topk_method not in ("greedy", "group_limited_greedy"):
+        raise ValueError(f"topk_method={topk_method!r} is not supported: expected 'greedy' or 'group_limited_greedy'")
+    if _on_triton(router_logits):
+        from core_runner.kernels.moe_routing_triton import route_triton
+
+        limited = topk_method == "group_limited_greedy"
+        if limited:
+            n_group, topk_group = check_expert_groups(router_logits.shape[-1], n_group, topk_group)
+        return route_triton(router_logits, top_k, mode="v2", n_group=n_group if limited else None,
+                            topk_group=topk_group, routed_scaling_factor=routed_scaling_factor)
     scores = router_logits.float().softmax(dim=-1)
     if topk_method == "group_limited_greedy":
         num_experts = scores.shape[-1]
         n_group, topk_group = check_expert_groups(num_experts, n_group, topk_group)
         group_scores = scores.view(scores.shape[0], n_group, -1).amax(dim=-1)
         scores = scores.masked_fill(~_group_mask(scores, group_scores, topk_group), 0.0)
-    elif topk_method != "greedy":
-        raise ValueError(f"topk_method={topk_method!r} is not supported: expected 'greedy' or 'group_limited_greedy'")
     weights, ids = scores.topk(top_k, dim=-1)
     return _out(weights * routed_scaling_factor, ids)
 
@@ -82,12 +105,18 @@ def grouped_topk_v3(
     within the ``topk_group`` groups whose two best biased scores sum highest; their
     weights are the unbiased scores, renormalised if asked, times routed_scaling_factor.
     Returns (weights [T, top_k] float32, ids int32)."""
+    n_group, topk_group = check_expert_groups(router_logits.shape[-1], n_group, topk_group)
+    if router_logits.shape[-1] // n_group < 2:
+        raise ValueError("DeepSeek-V3 group routing ranks groups by their top-2 sum: needs >= 2 experts per group")
+    if _on_triton(router_logits):
+        from core_runner.kernels.moe_routing_triton import route_triton
+
+        return route_triton(router_logits, top_k, mode="v3", renormalize=renormalize, n_group=n_group,
+                            topk_group=topk_group, correction_bias=correction_bias,
+                            routed_scaling_factor=routed_scaling_factor)
     scores = router_logits.float().sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias.float()
-    n_group, topk_group = check_expert_groups(scores.shape[-1], n_group, topk_group)
     grouped = choice.view(choice.shape[0], n_group, -1)
-    if grouped.shape[-1] < 2:
-        raise ValueError("DeepSeek-V3 group routing ranks groups by their top-2 sum: needs >= 2 experts per group")
     group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
     choice = choice.masked_fill(~_group_mask(choice, group_scores, topk_group), float("-inf"))
     ids = choice.topk(top_k, dim=-1).indices
