@@ -211,11 +211,13 @@ class LLM:
             limit = base.truncate_prompt_tokens
             if limit == -1:
                 limit = self.engine.input_processor.pooling_prompt_limit()
-            prompts, params = [], []
+            prompts, params, by_start = [], [], {}  # one (frozen) PoolingParams per segment start, shared
             for ids, start in sc.encode_pairs(self.tokenizer, pairs, limit):
                 prompts.append({"prompt_token_ids": ids})
-                params.append(dataclasses.replace(base, truncate_prompt_tokens=None, compressed_token_type_ids=start,
-                                                  task=base.task or "score"))
+                if start not in by_start:
+                    by_start[start] = dataclasses.replace(base, truncate_prompt_tokens=None,
+                                                          compressed_token_type_ids=start, task=base.task or "score")
+                params.append(by_start[start])
             return sc.cross_encoder_scores(self._pool(prompts, params, "score", use_tqdm))
         if "embed" in self.engine.tasks:
             texts = list(dict.fromkeys(t for pair in pairs for t in pair))
