@@ -109,5 +109,36 @@ class Request:
         return self.prompt_token_ids + self.output_token_ids
 
     @property
+    def token_view(self) -> "TokenView":
+        """Prompt and output tokens as one sequence without copying them (len and slices)."""
+        return TokenView(self.prompt_token_ids, self.output_token_ids)
+
+    @property
     def is_finished(self) -> bool:
         return self.status == RequestStatus.FINISHED
+
+
+class TokenView:
+    """Two token lists read as one: ``len`` and ``[start:stop]`` slices (step 1, bounds
+    within the sequence), which is what block hashing reads. A long request registers a
+    block every block_size steps; joining its whole prompt and output for that cost a
+    list copy of the full context each time."""
+
+    __slots__ = ("head", "tail")
+
+    def __init__(self, head: list[int], tail: list[int]) -> None:
+        self.head, self.tail = head, tail
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def __getitem__(self, s: slice) -> list[int]:
+        if not isinstance(s, slice) or s.step not in (None, 1):
+            raise TypeError("TokenView takes [start:stop] slices only")
+        n = len(self.head)
+        start, stop, _ = s.indices(n + len(self.tail))
+        if stop <= n:
+            return self.head[start:stop]
+        if start >= n:
+            return self.tail[start - n:stop - n]
+        return self.head[start:] + self.tail[:stop - n]

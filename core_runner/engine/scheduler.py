@@ -248,7 +248,7 @@ class Scheduler:
         full = min(req.num_computed_tokens, known) // self.block_size
         if full <= req.num_cached_blocks:
             return
-        tokens = req.all_token_ids if req.output_token_ids else req.prompt_token_ids
+        tokens = req.token_view if req.output_token_ids else req.prompt_token_ids
         hashes = extend_hashes(req.block_hashes, tokens, self.block_size)
         self.kv.cache(req.block_ids, hashes, req.num_cached_blocks, full)
         req.num_cached_blocks = full
