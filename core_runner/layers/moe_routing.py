@@ -3,8 +3,8 @@
 Every function works in float32 whatever the model dtype, is free of host reads (so it
 is safe inside a CUDA graph) and returns ids as int32 for the fused MoE kernels. On CUDA
 under the Triton kernel mode each runs as one kernel (``kernels/moe_routing_triton.py``),
-this torch code being its reference. The
-order of the top_k columns carries no meaning: the MoE layer sums over them.
+this torch code being its reference. The order of the top_k columns carries no meaning:
+the MoE layer sums over them.
 
 - ``softmax_topk``: Mixtral / Qwen-MoE style; optionally renormalises the kept weights.
 - ``grouped_topk_v2``: DeepSeek-V2 ("greedy" or "group_limited_greedy": keep the
