@@ -32,3 +32,19 @@ def test_left_out_ids_and_int32(device):
     assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
     pairs = got[0].cpu()
     assert not ((pairs < ids.numel()) & (ids.reshape(-1)[pairs.clamp(max=ids.numel() - 1)] < 0)).any()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replays_from_a_cuda_graph():
+    """Captured once, replayed on new ids written into the same buffer: the decode path."""
+    ids = _ids(256, 64, 6).to(torch.int32).cuda()
+    moe_align_triton(ids, 64, 16)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = moe_align_triton(ids, 64, 16)
+    for seed in (5, 6):
+        ids.copy_(_ids(256, 64, 6, seed=seed).to(torch.int32))
+        graph.replay()
+        want = moe_align(ids.cpu(), 64, 16)
+        assert torch.equal(out[0].cpu(), want[0]) and torch.equal(out[1].cpu(), want[1])

@@ -48,3 +48,19 @@ def test_deepseek_v3(device, renorm):
     # the bias changes the choice, not the weights: without it other experts win
     plain = route_triton(x.to(device), 8, mode="v3", renormalize=renorm, n_group=8, topk_group=4)
     assert not torch.equal(plain[1].cpu(), want[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replays_from_a_cuda_graph():
+    x = _logits(64, 256).cuda()
+    bias = torch.randn(256, generator=torch.Generator().manual_seed(3)).cuda() * 0.5
+    call = lambda: route_triton(x, 8, mode="v3", renormalize=True, n_group=8, topk_group=4,  # noqa: E731
+                                correction_bias=bias, routed_scaling_factor=2.5)
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    x.copy_(_logits(64, 256, seed=9).cuda())
+    graph.replay()
+    _check(out, grouped_topk_v3(x.cpu(), bias.cpu(), 8, 8, 4, True, 2.5), "cuda")
