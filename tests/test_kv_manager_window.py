@@ -11,7 +11,9 @@ def _reference_release(mgr: KVCacheManager, table: list[list[int]], num_computed
     """What a scan of every entry below each window's first needed block frees."""
     freed = []
     for g, ids in enumerate(table):
-        first = min(mgr._first_needed(g, num_computed), len(ids))
+        w = mgr.windows[g]
+        needed = 0 if w is None else max(0, num_computed - mgr.margin - w + 1) // mgr.block_size
+        first = min(needed, len(ids))
         freed += [b for b in ids[:first] if b != NULL_BLOCK]
     return freed
 

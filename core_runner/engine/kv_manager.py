@@ -60,17 +60,15 @@ class KVCacheManager:
         for ids in table:
             self.pool.free([b for b in ids if b != NULL_BLOCK], uncache=uncache)
 
-    def _first_needed(self, g: int, num_computed: int) -> int:
-        w = self.windows[g]
-        if w is None:
-            return 0
-        return max(0, num_computed - self.margin - w + 1) // self.block_size
+    def _window_start(self, window: int, num_computed: int) -> int:
+        """The first block a future query of a window this wide can still read."""
+        return max(0, num_computed - self.margin - window + 1) // self.block_size
 
     def release_out_of_window(self, table: list[list[int]], num_computed: int) -> None:
         if not self._windowed:  # every group keeps the whole sequence: nothing ever leaves
             return
         for w, groups in self._by_window.items():
-            needed = max(0, num_computed - self.margin - w + 1) // self.block_size  # as _first_needed
+            needed = self._window_start(w, num_computed)
             head = table[groups[0]]
             first = min(needed, len(head))
             if first == 0 or head[first - 1] == NULL_BLOCK:
@@ -99,8 +97,6 @@ class KVCacheManager:
             return [[] for _ in table]
         need = [max(0, want - len(ids)) for ids in table]
         total = sum(need)
-        if total == 0:
-            return [[] for _ in table]
         if total > self.pool.num_free:
             return None
         new = [self.pool.allocate(n) if n else [] for n in need]
