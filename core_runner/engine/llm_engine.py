@@ -111,8 +111,6 @@ class LLMEngine:
         self.plan = plan_execution(config, self.registration)
         check_quantization(self.hf_config, self.registration)  # before any weight is read
         check_config(self.hf_config, self.registration)
-        self._raise_pooling_budget()
-        config = self.config
         max_pos = getattr(self.hf_config, "max_position_embeddings", None)
         if max_pos is not None and config.max_model_len > max_pos:
             raise ValueError(
@@ -134,7 +132,9 @@ class LLMEngine:
         if fp is not None and fp.state_bytes_per_row:
             free, total = read_memory(memory_probe or available_memory, torch.device(config.device))
             self._fit_max_num_seqs(fp, free, total, share)
-            config = self.config
+        # after the row fit, which chooses the token budget again when it lowers max_num_seqs
+        self._raise_pooling_budget()
+        config = self.config
         draft = resolve_draft(config, self.plugins.registry, self.architecture, str(self.model_path), self.hf_config)
         spec = RankSpec(config, self.registration, self.plan, self.hf_config, str(self.model_path), self.dtype,
                         self.architecture, draft)
@@ -169,7 +169,13 @@ class LLMEngine:
         logger.info("max_num_batched_tokens %d -> %d: %s only pools, and a pooling step has no decode rows to keep "
                     "short (vLLM's pooling budget; pass max_num_batched_tokens to choose)", c.max_num_batched_tokens,
                     tokens, self.architecture)
-        self.config = dataclasses.replace(c, max_num_batched_tokens=tokens)
+        self._reconfigure(max_num_batched_tokens=tokens)
+
+    def _reconfigure(self, **changes: Any) -> None:
+        """The config with ``changes`` (which limits the engine chose stays recorded) and the
+        plan made again for it."""
+        c = self.config
+        self.config = dataclasses.replace(c, **changes)
         object.__setattr__(self.config, "_chosen_limits", c._chosen_limits)
         self.plan = plan_execution(self.config, self.registration)
 
@@ -186,9 +192,7 @@ class LLMEngine:
         logger.info("max_num_seqs %d -> %d: %s keeps %.1f MiB of per-row state a request row, and more rows (with "
                     "their snapshots and full-length KV) would not fit the cache memory (pass max_num_seqs to choose)",
                     c.max_num_seqs, seqs, self.architecture, fp.state_bytes_per_row / 2**20)
-        self.config = dataclasses.replace(c, max_num_seqs=seqs, max_num_batched_tokens=tokens)
-        object.__setattr__(self.config, "_chosen_limits", c._chosen_limits)
-        self.plan = plan_execution(self.config, self.registration)
+        self._reconfigure(max_num_seqs=seqs, max_num_batched_tokens=tokens)
 
     def _install_logits_processors(self) -> None:
         """Every processor installed by entry point, then those given, built once (vLLM's V1 shape)."""
