@@ -16,12 +16,12 @@ back. Decode shapes report KV bandwidth, prefill shapes TFLOP/s.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 
 import torch
 
 from core_runner.bench.timing import time_ms
+from core_runner.bench.variants import write_json
 from core_runner.kernels.paged_attention_triton import paged_attention_triton
 
 BLOCK = 16
@@ -167,10 +167,7 @@ def main(argv=None) -> None:
     ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bf16")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    found = {name: sweep(name, kv_dtype=args.kv_dtype) for name in args.shapes}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(found, f, indent=1)
+    write_json(args.json, {name: sweep(name, kv_dtype=args.kv_dtype) for name in args.shapes})
 
 
 if __name__ == "__main__":

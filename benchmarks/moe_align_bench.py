@@ -10,12 +10,12 @@ outputs are compared on every size (exact equality: the same stable order).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import torch
 
 from core_runner.bench.timing import time_ms
+from core_runner.bench.variants import write_json
 from core_runner.kernels.fused_moe_triton import gemm_config, moe_align
 from core_runner.kernels.moe_align_triton import moe_align_triton
 
@@ -54,10 +54,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"moe_align {routing:7s} T={t:5d} (BLOCK_M {r['block_m']:3d}): torch {r['torch_us']:8.1f} us, "
                   f"triton {r['triton_us']:8.1f} us ({r['speedup']:.2f}x){'' if r['equal'] else '  OUTPUTS DIFFER'}"
                   f"{' [graph]' if r['from_graph'] else ''}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(rows, f, indent=1)
-    return rows
+    return write_json(a.json, rows)
 
 
 if __name__ == "__main__":

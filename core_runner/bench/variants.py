@@ -38,7 +38,7 @@ def workload_parser(description: str) -> argparse.ArgumentParser:
     return ap
 
 
-def write_json(path: str | None, res: dict) -> dict:
+def write_json(path: str | None, res: Any) -> Any:
     """``res`` written to ``path`` (when given) as the bench's JSON result; returns ``res``."""
     if path:
         Path(path).write_text(json.dumps(res, indent=1, default=str))
