@@ -123,28 +123,25 @@ def sweep(name: str, seed: int = 0, kv_dtype: str = "bf16", device: str = "cuda"
     kv_bytes = sum(read) * kv_heads * d * 2 * kv.element_size()
     flops = sum(4 * x * (r - x + (x + 1) / 2) * d * heads for (x, _), r in zip(reqs, read))  # causal
     ref = None
-    rows = []
-    variants = _variants(name, fp8)[:max_variants] + ([{"bf16": True}] if fp8 else [])
-    kv16 = kv.to(torch.bfloat16) if fp8 else kv
-    for v in variants:
-        cache, args = (kv16, {}) if v.get("bf16") else (kv, v)
-        fn = lambda c=cache, a=args: paged_attention_triton(q, c, qsl, lens, bt, d ** -0.5, **bounds, **a)  # noqa: E731
+
+    def measure(v: dict, cache: torch.Tensor, args: dict) -> dict:
+        nonlocal ref
+        fn = lambda: paged_attention_triton(q, cache, qsl, lens, bt, d ** -0.5, **bounds, **args)  # noqa: E731
         try:
             out = fn()
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as e:  # a tile that does not compile or fit is recorded, not fatal
-            rows.append({"variant": v, "error": f"{type(e).__name__}: {str(e)[:120]}"})
-            print(f"  {name} {v}: {rows[-1]['error']}", flush=True)
-            continue
+            print(f"  {name} {v}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            return {"variant": v, "error": f"{type(e).__name__}: {str(e)[:120]}"}
         if ref is None:
             ref = out.float()
         ok = bool(torch.allclose(out.float(), ref, atol=3e-2, rtol=3e-2))
         us = 1e3 * time_ms(fn, iters=iters, graph=graph, cuda=device.startswith("cuda"))
-        rows.append({"variant": v, "us": us, "ok": ok, "kv_gb_s": kv_bytes / us / 1e3,
-                     "tflop_s": flops / us / 1e6})
-    base = next((r for r in rows if r["variant"].get("bf16")), None)
-    rows = [r for r in rows if not r["variant"].get("bf16")]
+        return {"variant": v, "us": us, "ok": ok, "kv_gb_s": kv_bytes / us / 1e3, "tflop_s": flops / us / 1e6}
+
+    rows = [measure(v, kv, v) for v in _variants(name, fp8)[:max_variants]]
+    base = measure({"bf16": True}, kv.to(torch.bfloat16), {}) if fp8 else None
     good = [r for r in rows if r.get("ok")]
     best = min(good, key=lambda r: r["us"])
     res = {"shape": name, "kv_dtype": kv_dtype, "num_reqs": len(reqs), "num_tokens": int(q.shape[0]),
