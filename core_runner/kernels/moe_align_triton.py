@@ -38,10 +38,10 @@ def _chunk_counts(ids_ptr, counts_ptr, sorted_ptr, num_pairs, num_chunks, max_pa
     b = tl.where(offs < num_pairs, b, num_experts + 1)
     tl.store(counts_ptr + c * BLOCK_E + tl.arange(0, BLOCK_E), tl.histogram(b, BLOCK_E))
     per = tl.cdiv(max_padded, num_chunks)
-    for f0 in range(c * per, tl.minimum((c + 1) * per, max_padded), FILL):
+    end = tl.minimum((c + 1) * per, max_padded)
+    for f0 in range(c * per, end, FILL):
         f = f0 + tl.arange(0, FILL)
-        tl.store(sorted_ptr + f, tl.full([FILL], 0, tl.int32) + num_pairs,
-                 mask=f < tl.minimum((c + 1) * per, max_padded))
+        tl.store(sorted_ptr + f, tl.full([FILL], 0, tl.int32) + num_pairs, mask=f < end)
 
 
 @triton.jit(do_not_specialize=["num_chunks", "num_tiles"])
