@@ -29,6 +29,7 @@ from core_runner.engine import core_messages as M
 from core_runner.engine.input_processor import prefix_cacheable, speculative
 from core_runner.engine.request import Request
 from core_runner.executor.errors import EngineDeadError
+from core_runner.executor.gc_heap import freeze_gc_heap
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def run_engine_core(model: str, options: dict[str, Any], logits_processors: list
             out.send(M.encode(failure("startup", e)))
             return
         out.send(M.encode(ready))
+        freeze_gc_heap()  # this process lives as long as the engine: its start-up heap is for good
         try:
             EngineCoreProc(engine, inp, out).run()
         finally:

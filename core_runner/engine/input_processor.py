@@ -141,7 +141,10 @@ class InputProcessor:
     def tokenize(self, prompt: Prompt, truncate: int | None = None) -> list[int]:
         """Token ids of a prompt; ``truncate`` cuts a text prompt with the tokenizer's own
         truncation (special tokens kept)."""
-        prompt = parse_prompt(prompt)
+        return self._ids_of(parse_prompt(prompt), truncate)
+
+    def _ids_of(self, prompt: str | list[int], truncate: int | None) -> list[int]:
+        """``tokenize`` of a prompt ``parse_prompt`` has already read (its ids are checked)."""
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("this checkpoint has no tokenizer: pass prompts as lists of token ids")
@@ -234,12 +237,11 @@ class InputProcessor:
 
     def pooling_prompt(self, prompt: Prompt, pp: PoolingParams) -> list[int]:
         """Token ids of a pooling prompt, truncated (text) and validated."""
-        if isinstance(prompt, Mapping):
-            prompt = parse_prompt(prompt)  # a dict prompt: its text or ids
+        prompt = parse_prompt(prompt)  # its text or ids, read and checked once
         limit = self.pooling_prompt_limit()
         k = pp.truncate_prompt_tokens
         k = limit if k == -1 else k
-        ids = self.tokenize(prompt, truncate=k if isinstance(prompt, str) else None)
+        ids = self._ids_of(prompt, truncate=k if isinstance(prompt, str) else None)
         if k is not None and len(ids) > k:
             raise ValueError(
                 f"prompt has {len(ids)} token ids but truncate_prompt_tokens={k}: token-id prompts are not cut "

@@ -22,6 +22,7 @@ from core_runner.engine.outputs import (
     ScoringRequestOutput,
 )
 from core_runner.engine.request import Request
+from core_runner.executor.gc_heap import paused_gc
 from core_runner.plugins import PluginManager
 from core_runner.pooling_params import POOLING_TASKS, PoolingParams
 from core_runner.sampling_params import SamplingParams
@@ -102,7 +103,7 @@ class LLM:
                 raise ValueError(
                     f"got {len(params)} SamplingParams for {len(prompts)} prompts: pass one, or one per prompt"
                 )
-        with self.engine.lock:
+        with self.engine.lock, paused_gc():
             groups = self._process(prompts, lambda p, i: self._fan_out(p, params[i]))
             return self._run(groups, use_tqdm)
 
@@ -212,13 +213,15 @@ class LLM:
             if limit == -1:
                 limit = self.engine.input_processor.pooling_prompt_limit()
             prompts, params, by_start = [], [], {}  # one (frozen) PoolingParams per segment start, shared
-            for ids, start in sc.encode_pairs(self.tokenizer, pairs, limit):
-                prompts.append({"prompt_token_ids": ids})
-                if start not in by_start:
-                    by_start[start] = dataclasses.replace(base, truncate_prompt_tokens=None,
-                                                          compressed_token_type_ids=start, task=base.task or "score")
-                params.append(by_start[start])
-            return sc.cross_encoder_scores(self._pool(prompts, params, "score", use_tqdm))
+            with paused_gc():  # the pairs' token lists are many allocations (gc_heap's docstring)
+                for ids, start in sc.encode_pairs(self.tokenizer, pairs, limit):
+                    prompts.append({"prompt_token_ids": ids})
+                    if start not in by_start:
+                        by_start[start] = dataclasses.replace(base, truncate_prompt_tokens=None,
+                                                              compressed_token_type_ids=start,
+                                                              task=base.task or "score")
+                    params.append(by_start[start])
+                return sc.cross_encoder_scores(self._pool(prompts, params, "score", use_tqdm))
         if "embed" in self.engine.tasks:
             texts = list(dict.fromkeys(t for pair in pairs for t in pair))
             outs = self._pool(texts, [base] * len(texts), "embed", use_tqdm)
@@ -276,7 +279,7 @@ class LLM:
                 raise ValueError(f"PoolingParams.task={p.task!r} of prompt {i} is invalid in LLM.{task}(): "
                                  f"expected None or {task!r}")
         params = [p if p.task == task else dataclasses.replace(p, task=task) for p in params]
-        with self.engine.lock:
+        with self.engine.lock, paused_gc():
             reqs = self._process(prompts,
                                  lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
             outs = self._run([[r] for r in reqs], use_tqdm)

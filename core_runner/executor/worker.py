@@ -39,6 +39,7 @@ def worker_main(
         from core_runner.distributed import init_tensor_parallel
         from core_runner.executor.build import build_runner
         from core_runner.executor.control import ControlChannel
+        from core_runner.executor.gc_heap import freeze_gc_heap
         from core_runner.plugins import load_plugins
 
         torch.set_num_threads(max(1, num_threads))
@@ -58,6 +59,8 @@ def worker_main(
             if call not in CALLS:
                 raise RuntimeError(f"rank {rank}: unknown call {call!r} from rank 0")
             getattr(runner, call)(*args)
+            if call == "capture_graphs":  # the last start-up call: this process keeps its heap for good
+                freeze_gc_heap()
     except BaseException as exc:
         text = f"rank {rank} (pid {os.getpid()}): {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         if error_pipe is not None:

@@ -78,6 +78,8 @@ class SamplingState:
         self.stages = (self.temperature, self.cuts, *self.processors, self.logprobs, self.prompt_logprobs)
 
     def add_request(self, row: int, req: NewRequest) -> None:
+        if req.sampling_params is None:  # a pooling request: never sampled, so no stage reads its row
+            return
         for s in self.stages:
             s.add_request(row, req)
 

@@ -6,7 +6,25 @@ host-to-device copy and applied by one scatter. The host never reads the device 
 """
 from __future__ import annotations
 
+from array import array
+
 import torch
+
+# array typecodes of the table dtypes: a list of Python numbers becomes a tensor through
+# an array ~3.5x faster than through torch.tensor (19,200 ints: 0.38 vs 1.35 ms), which
+# matters for a step that stages a few hundred prompts
+_ARRAY_CODES = {torch.int32: "i", torch.int64: "q", torch.float32: "f", torch.float64: "d"}
+assert array("i").itemsize == 4 and array("q").itemsize == 8
+
+
+def _host_tensor(values: list, dtype: torch.dtype) -> torch.Tensor:
+    """``values`` as a CPU tensor of ``dtype``. Values an array refuses (out of range, or
+    not numbers of its kind) go through torch.tensor, whose error names the problem."""
+    try:
+        buf = array(_ARRAY_CODES[dtype], values)
+    except (OverflowError, TypeError):
+        return torch.tensor(values, dtype=dtype)
+    return torch.frombuffer(buf, dtype=dtype) if len(buf) else torch.empty(0, dtype=dtype)
 
 
 def _to_bits(values: torch.Tensor) -> torch.Tensor:
@@ -83,8 +101,8 @@ class StagedWriteTensor:
             return
         n = len(self._idx)
         try:
-            idx = torch.tensor(self._idx, dtype=torch.int64)
-            vals = _to_bits(torch.tensor(self._vals, dtype=self.gpu.dtype))
+            idx = _host_tensor(self._idx, torch.int64)
+            vals = _to_bits(_host_tensor(self._vals, self.gpu.dtype))
         finally:
             # a value the dtype cannot hold fails here: the batch is dropped (it belongs
             # to the failed step) so that it cannot fail every later step too

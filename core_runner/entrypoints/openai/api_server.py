@@ -30,6 +30,7 @@ from core_runner.entrypoints.openai.pooling_routes import PoolingRoutes
 from core_runner.entrypoints.openai.protocol import APIError
 from core_runner.entrypoints.openai.streams import ClientGone
 from core_runner.entrypoints.openai.tools import ChatOptions
+from core_runner.executor.gc_heap import freeze_gc_heap
 
 logger = logging.getLogger(__name__)
 
@@ -195,5 +196,6 @@ def _run(app: FastAPI, host: str, port: int, shutdown_timeout: float) -> None:
     except BaseException:
         app.state.llm.close()
         raise
+    freeze_gc_heap()  # the server process keeps its start-up heap (and an in-process engine) for good
     server.run()
     app.state.llm.close()  # a no-op after the app's own shutdown; a core left by a failed start-up is stopped
