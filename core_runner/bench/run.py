@@ -37,6 +37,7 @@ from core_runner.bench.spec import (
     spec_variants,
 )
 from core_runner.bench.workloads import make_random_checkpoint, make_workload, qwen3_0p6b_config
+from core_runner.executor.gc_heap import paused_gc
 
 logger = logging.getLogger(__name__)
 
@@ -141,21 +142,24 @@ def run_engine(llm, workload, profile_steps: int = 0, keep_outputs: bool = False
             eng.add_request(prompt, SamplingParams(max_tokens=out_len, temperature=temp, ignore_eos=True, seed=i),
                             req_id=f"{tag}{i}")
 
-    start = time.perf_counter()
-    add_all("b")
-    outs, steps, step_s, slow = [], 0, [], []
-    while eng.has_unfinished_requests():
-        t0 = time.perf_counter()
-        outs += eng.step()
-        step_s.append(time.perf_counter() - t0)
-        if step_s[-1] > 0.1 and len(slow) < 10:  # JIT compiles or stalls inside the clock
-            last = eng.core.in_flight[-1][0] if eng.core.in_flight else None
-            slow.append({"step": steps, "ms": 1e3 * step_s[-1], "reqs": len(last.num_scheduled_tokens) if last else 0,
-                         "tokens": sum(last.num_scheduled_tokens.values()) if last else 0})
-        steps += 1
-    if eng.runner.device.type == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - start
+    # the collector paused as LLM.generate pauses it (core_runner/executor/gc_heap.py)
+    with paused_gc():
+        start = time.perf_counter()
+        add_all("b")
+        outs, steps, step_s, slow = [], 0, [], []
+        while eng.has_unfinished_requests():
+            t0 = time.perf_counter()
+            outs += eng.step()
+            step_s.append(time.perf_counter() - t0)
+            if step_s[-1] > 0.1 and len(slow) < 10:  # JIT compiles or stalls inside the clock
+                last = eng.core.in_flight[-1][0] if eng.core.in_flight else None
+                slow.append({"step": steps, "ms": 1e3 * step_s[-1],
+                             "reqs": len(last.num_scheduled_tokens) if last else 0,
+                             "tokens": sum(last.num_scheduled_tokens.values()) if last else 0})
+            steps += 1
+        if eng.runner.device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - start
     remove_hook()
     n_out = sum(len(o.token_ids) for o in outs)
     expect = sum(o for _, o, _ in workload)
