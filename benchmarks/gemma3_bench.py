@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> dict:
     from core_runner.bench.run import copy_bandwidth
     from core_runner.bench.shapes import config_only_checkpoint
     from core_runner.bench.variants import build_llm, engine_facts, kv_read_split, release, variant_args, weight_bytes
+    from core_runner.executor.gc_heap import paused_gc
 
     over = {**(TINY if a.tiny else {}), "sliding_window": a.window}
     model = config_only_checkpoint("gemma-3-1b", a.root, **over)
@@ -126,17 +127,18 @@ def main(argv: list[str] | None = None) -> dict:
             eng.add_request(p, SamplingParams(max_tokens=a.output_len, temperature=0.0, ignore_eos=True),
                             req_id=f"g{i}")
         outs = []
-        while eng.has_unfinished_requests():
-            n0 = len(log.steps)
-            t0 = time.perf_counter()
-            outs += eng.step()
-            walls += [time.perf_counter() - t0] * (len(log.steps) - n0)
-            if len(log.steps) > n0 and want_sample(log.steps[-1], len(log.steps), a.context, kinds):
-                samples.append({**kv_sample(eng, log.steps[-1]["ctx"], a.window, bs), "step": len(log.steps) - 1,
-                                "decode": log.steps[-1]["decode"]})
-                skip.add(len(log.steps))  # the next step's wall time holds the sample's host work
-        if cuda:
-            torch.cuda.synchronize()
+        with paused_gc():  # as LLM.generate runs (core_runner/executor/gc_heap.py)
+            while eng.has_unfinished_requests():
+                n0 = len(log.steps)
+                t0 = time.perf_counter()
+                outs += eng.step()
+                walls += [time.perf_counter() - t0] * (len(log.steps) - n0)
+                if len(log.steps) > n0 and want_sample(log.steps[-1], len(log.steps), a.context, kinds):
+                    samples.append({**kv_sample(eng, log.steps[-1]["ctx"], a.window, bs),
+                                    "step": len(log.steps) - 1, "decode": log.steps[-1]["decode"]})
+                    skip.add(len(log.steps))  # the next step's wall time holds the sample's host work
+            if cuda:
+                torch.cuda.synchronize()
         elapsed = time.perf_counter() - start
         remove()
         bw = copy_bandwidth(a.device) if cuda else None
