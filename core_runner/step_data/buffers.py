@@ -65,7 +65,10 @@ class StagedWriteTensor:
         self.device = torch.device(device)
         self.gpu = torch.zeros(shape, dtype=dtype, device=self.device)
         self._cols = shape[1] if len(shape) == 2 else 1
-        self._idx: list[int] = []  # flat indices, in staging order
+        # staged runs, in staging order: run i writes _vals[sum(_len[:i]):][:_len[i]] from flat
+        # index _base[i] on (a prompt is one run, not one index per token)
+        self._base: list[int] = []
+        self._len: list[int] = []
         self._vals: list = []
         self._pin = self.device.type == "cuda"
 
@@ -81,32 +84,43 @@ class StagedWriteTensor:
             raise IndexError(f"staged write row={row} cols [{start}, {start + n}) is outside the table {self.shape}")
         if n == 0:
             return
-        base = row * self._cols + start
-        self._idx.extend(range(base, base + n))
+        self._base.append(row * self._cols + start)
+        self._len.append(n)
         self._vals.extend(values)
 
     def stage_scalar(self, row: int, value: float | int) -> None:
         if not 0 <= row < self.shape[0]:
             raise IndexError(f"staged write row={row} cols [0, 1) is outside the table {self.shape}")
-        self._idx.append(row * self._cols)
+        self._base.append(row * self._cols)
+        self._len.append(1)
         self._vals.append(value)
 
     @property
     def has_staged(self) -> bool:
-        return bool(self._idx)
+        return bool(self._base)
+
+    def _flat_indices(self, n: int) -> torch.Tensor:
+        """The flat index of each staged value: run i's values go to _base[i], _base[i] + 1, ..."""
+        base = _host_tensor(self._base, torch.int64)
+        if n == len(self._base):  # scalars only
+            return base
+        lens = _host_tensor(self._len, torch.int64)
+        first = torch.cumsum(lens, 0) - lens  # each run's first position among the values
+        return torch.repeat_interleave(base - first, lens, output_size=n) + torch.arange(n)
 
     def apply_staged_writes(self) -> None:
         """One host-to-device copy of [indices | values], one scatter kernel."""
-        if not self._idx:
+        if not self._base:
             return
-        n = len(self._idx)
+        n = len(self._vals)
         try:
-            idx = _host_tensor(self._idx, torch.int64)
+            idx = self._flat_indices(n)
             vals = _to_bits(_host_tensor(self._vals, self.gpu.dtype))
         finally:
             # a value the dtype cannot hold fails here: the batch is dropped (it belongs
             # to the failed step) so that it cannot fail every later step too
-            self._idx.clear()
+            self._base.clear()
+            self._len.clear()
             self._vals.clear()
         packed = torch.cat([idx, vals])
         if self._pin:
