@@ -58,6 +58,8 @@ class ClassifyModelState(PoolingModelState):
             raise ValueError(f"PoolingParams.pooling_type={params.pooling_type!r} is invalid for "
                              f"{type(self.model).__name__}: its classifier head pools {own!r} (pass None)")
         # the head reads the raw pooled state: never L2-normalised
+        if params.pooling_type == own and params.normalize is False:  # resolved already (input processing)
+            return params
         return dataclasses.replace(params, pooling_type=own, normalize=False)
 
     def add_request(self, row: int, request: NewRequest) -> None:
