@@ -29,6 +29,12 @@ def _on_triton(router_logits: torch.Tensor) -> bool:
     return router_logits.is_cuda and use_triton_kernels(router_logits)
 
 
+def _route_triton(router_logits: torch.Tensor, top_k: int, **kw) -> tuple[torch.Tensor, torch.Tensor]:
+    from core_runner.kernels.moe_routing_triton import route_triton
+
+    return route_triton(router_logits, top_k, **kw)
+
+
 def _out(weights: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return weights.float(), ids.to(torch.int32)
 
@@ -37,9 +43,7 @@ def softmax_topk(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> 
     """Softmax over the experts, keep the top_k: (weights [T, top_k] float32, ids int32);
     ``renormalize`` rescales the kept weights to sum to 1 (Mixtral, Qwen-MoE)."""
     if _on_triton(router_logits):
-        from core_runner.kernels.moe_routing_triton import route_triton
-
-        return route_triton(router_logits, top_k, mode="softmax", renormalize=renormalize)
+        return _route_triton(router_logits, top_k, mode="softmax", renormalize=renormalize)
     probs = router_logits.float().softmax(dim=-1)
     weights, ids = probs.topk(top_k, dim=-1)
     if renormalize:
@@ -79,18 +83,14 @@ def grouped_topk_v2(
     ids int32)."""
     if topk_method not in ("greedy", "group_limited_greedy"):
         raise ValueError(f"topk_method={topk_method!r} is not supported: expected 'greedy' or 'group_limited_greedy'")
+    limited = topk_method == "group_limited_greedy"
+    if limited:
+        n_group, topk_group = check_expert_groups(router_logits.shape[-1], n_group, topk_group)
     if _on_triton(router_logits):
-        from core_runner.kernels.moe_routing_triton import route_triton
-
-        limited = topk_method == "group_limited_greedy"
-        if limited:
-            n_group, topk_group = check_expert_groups(router_logits.shape[-1], n_group, topk_group)
-        return route_triton(router_logits, top_k, mode="v2", n_group=n_group if limited else None,
-                            topk_group=topk_group, routed_scaling_factor=routed_scaling_factor)
+        return _route_triton(router_logits, top_k, mode="v2", n_group=n_group if limited else None,
+                             topk_group=topk_group, routed_scaling_factor=routed_scaling_factor)
     scores = router_logits.float().softmax(dim=-1)
-    if topk_method == "group_limited_greedy":
-        num_experts = scores.shape[-1]
-        n_group, topk_group = check_expert_groups(num_experts, n_group, topk_group)
+    if limited:
         group_scores = scores.view(scores.shape[0], n_group, -1).amax(dim=-1)
         scores = scores.masked_fill(~_group_mask(scores, group_scores, topk_group), 0.0)
     weights, ids = scores.topk(top_k, dim=-1)
@@ -109,11 +109,9 @@ def grouped_topk_v3(
     if router_logits.shape[-1] // n_group < 2:
         raise ValueError("DeepSeek-V3 group routing ranks groups by their top-2 sum: needs >= 2 experts per group")
     if _on_triton(router_logits):
-        from core_runner.kernels.moe_routing_triton import route_triton
-
-        return route_triton(router_logits, top_k, mode="v3", renormalize=renormalize, n_group=n_group,
-                            topk_group=topk_group, correction_bias=correction_bias,
-                            routed_scaling_factor=routed_scaling_factor)
+        return _route_triton(router_logits, top_k, mode="v3", renormalize=renormalize, n_group=n_group,
+                             topk_group=topk_group, correction_bias=correction_bias,
+                             routed_scaling_factor=routed_scaling_factor)
     scores = router_logits.float().sigmoid()
     choice = scores if correction_bias is None else scores + correction_bias.float()
     grouped = choice.view(choice.shape[0], n_group, -1)
