@@ -15,7 +15,8 @@
 #             (DS_WORKLOADS narrows, DS_PROFILE=N adds --profile-steps N)
 #   deepseek-w2peer  the same model, W2 on its first W2_PEER_N (4) requests, next to the
 #             transformers peer (bounded by PEER_TIMEOUT)             -> deepseek_w2peer.json
-#   moe-sweep fused MoE tile sweep, DeepSeek-V2-Lite layer (T 256 / 1024 / 8192), then V3's
+#   moe-sweep fused MoE tile sweep, DeepSeek-V2-Lite layer (T 256 / 1024 / 8192), then V3's; the best
+#             two tiles also with silu x up in the first GEMM's epilogue (--fuse-activation)
 #             (MOE_SHAPES (env): which of v2-lite v3)                     -> moe_sweep_<shape>.json
 #   moe-align the fused MoE's pair alignment, torch moe_align vs moe_align_triton (the CUDA default since
 #             session 23), T 1..8192 at V2-Lite / V3 routing, decode sizes from CUDA graphs  -> moe_align.json
@@ -227,7 +228,7 @@ for s in "${STAGES[@]}"; do
     moe-sweep)
       for shape in ${MOE_SHAPES:-v2-lite v3}; do
         say moe sweep $shape
-        timeout 400 python3 benchmarks/moe_sweep.py --shape $shape --json "$LOG/moe_sweep_$shape.json" 2>&1 \
+        timeout 400 python3 benchmarks/moe_sweep.py --shape $shape --fuse-activation --json "$LOG/moe_sweep_$shape.json" 2>&1 \
           | tee -a "$LOG/bench.log" | grep -v Warning | grep -e '^T=' -e default -e took | tail -12
       done;;
     moe-align)

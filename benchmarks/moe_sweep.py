@@ -1,6 +1,7 @@
 """Tile sweep of the fused MoE grouped GEMM (``fused_moe_triton``) at a DeepSeek MoE layer.
 
-    python benchmarks/moe_sweep.py [--shape v2-lite|v3] [--tokens 256 1024 8192] [--json out.json]
+    python benchmarks/moe_sweep.py [--shape v2-lite|v3] [--tokens 256 1024 8192] [--fuse-activation]
+                                   [--json out.json]
 
 Shapes: ``v2-lite`` (64 experts of 1408, hidden 2048, top-6) and ``v3`` (256 experts of 2048,
 hidden 7168, top-8: 22.5 GB of bf16 weights, allocated in full so that the experts a batch
@@ -11,7 +12,10 @@ change which experts are picked, not how many rows each gets on random logits).
 For each token count: the default tiles, then every tile (BLOCK_M up to twice the rows an
 expert gets on average, BLOCK_N 64/128, BLOCK_K 32/64/128) at 4 warps, then warps 4/8 x
 stages 2/3/4 around the best two tiles: ~35 configs, not the ~150 of the full product,
-because the Triton compiles (two per config) are most of the sweep's time. Each config's
+because the Triton compiles (two per config) are most of the sweep's time. With
+``--fuse-activation``, the best two are run again with silu(gate) * up in the first GEMM's
+epilogue (``fuse_activation``), at their BLOCK_N and at half of it (two accumulators hold
+twice the columns' registers); a fused run's record says ``"fused": true``. Each config's
 output is compared with the default's (the default's own first rows with ``fused_moe_ref``):
 one that differs is marked wrong and is never the best, however fast. A config that fails
 to compile or launch is recorded with its error. Times are CUDA events around ``--iters``
@@ -105,8 +109,14 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     return ((out.float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
 
 
+def fused_grid(tile: dict) -> list[dict]:
+    """Stage 3 (``--fuse-activation``): the tile and the tile with half its BLOCK_N (at least 16)."""
+    half = {**tile, "BLOCK_N": max(16, tile["BLOCK_N"] // 2)}
+    return [tile] if half == tile else [tile, half]
+
+
 def sweep_tokens(shape: MoeShape, w13: torch.Tensor, w2: torch.Tensor, num_tokens: int, warmup: int = 3,
-                 iters: int = 20, moe: Callable = fused_moe_triton) -> dict:
+                 iters: int = 20, moe: Callable = fused_moe_triton, fuse: bool = False) -> dict:
     """One token count: the default, stage 1 and stage 2 timed and checked (module docstring)."""
     hidden, weights, ids = make_batch(shape, num_tokens, str(w13.device), w13.dtype)
     cuda = w13.is_cuda
@@ -119,11 +129,13 @@ def sweep_tokens(shape: MoeShape, w13: torch.Tensor, w2: torch.Tensor, num_token
     runs: list[dict] = []
 
     def run(cfg: dict, stage: str) -> None:
-        if any(r["config"] == cfg for r in runs):
+        fused = stage == "fused"
+        if any(r["config"] == cfg and r.get("fused", False) == fused for r in runs):
             return
-        rec: dict = {"config": cfg, "stage": stage}
+        rec: dict = {"config": cfg, "stage": stage, **({"fused": True} if fused else {})}
+        extra = {"fuse_activation": True} if fused else {}
         try:
-            call = (lambda: moe(hidden, w13, w2, weights, ids, config=cfg)) if stage != "default" else \
+            call = (lambda: moe(hidden, w13, w2, weights, ids, config=cfg, **extra)) if stage != "default" else \
                 (lambda: moe(hidden, w13, w2, weights, ids))
             rec["max_err"] = _rel_err(call(), ref)
             rec["ok"] = bool(rec["max_err"] <= tol)  # NaN is not ok
@@ -141,6 +153,11 @@ def sweep_tokens(shape: MoeShape, w13: torch.Tensor, w2: torch.Tensor, num_token
     for best_tile in [r["config"] for r in good[:STAGE2_TILES]]:
         for cfg in launch_grid(best_tile, elem):
             run(cfg, "launch")
+    if fuse:
+        good = sorted((r for r in runs if r["ok"]), key=lambda r: r["ms"])
+        for best in [r["config"] for r in good[:STAGE2_TILES]]:
+            for cfg in fused_grid(best):
+                run(cfg, "fused")
     return summarize(shape, num_tokens, ids, elem, runs, default, ref_err, tol)
 
 
@@ -165,7 +182,8 @@ def summarize(shape: MoeShape, num_tokens: int, ids: torch.Tensor, elem: int, ru
         "weight_bytes_touched": weight_bytes, "flops": flops, "default_config": default,
         "default_ms": base.get("ms"), "default_ref_err": ref_err, "default_weight_gb_s": base.get("weight_gb_s"),
         "default_tflop_s": base.get("tflop_s"),
-        "best_config": best["config"] if best else None, "best_ms": best["ms"] if best else None,
+        "best_config": best["config"] if best else None, "best_fused": bool(best and best.get("fused")),
+        "best_ms": best["ms"] if best else None,
         "best_weight_gb_s": best["weight_gb_s"] if best else None, "best_tflop_s": best["tflop_s"] if best else None,
         "speedup": base["ms"] / best["ms"] if best and base.get("ms") else None,
         "num_configs": len(runs), "num_wrong": sum("error" not in r and not r["ok"] for r in runs),
@@ -173,21 +191,22 @@ def summarize(shape: MoeShape, num_tokens: int, ids: torch.Tensor, elem: int, ru
     }
 
 
-def _name(cfg: dict) -> str:
-    return f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+def _name(cfg: dict, fused: bool = False) -> str:
+    name = f"M{cfg['BLOCK_M']} N{cfg['BLOCK_N']} K{cfg['BLOCK_K']} w{cfg['num_warps']} s{cfg['num_stages']}"
+    return name + " fused" if fused else name
 
 
 def format_result(res: dict) -> str:
     lines = [f"T={res['tokens']} ({res['pairs']} pairs, {res['experts_touched']} experts touched, "
              f"{res['weight_bytes_touched'] / 1e9:.2f} GB of weights, {res['flops'] / 1e12:.2f} TFLOP)",
-             f"  {'config':<24} {'stage':<8} {'ms':>8} {'GB/s':>8} {'TFLOP/s':>8}  status"]
+             f"  {'config':<30} {'stage':<8} {'ms':>8} {'GB/s':>8} {'TFLOP/s':>8}  status"]
     for r in sorted(res["configs"], key=lambda r: r.get("ms", float("inf"))):
         status = "ok" if r["ok"] else r.get("error", f"WRONG (err {r.get('max_err', float('nan')):.2g})")
         ms = f"{r['ms']:8.3f} {r['weight_gb_s']:8.0f} {r['tflop_s']:8.1f}" if "ms" in r else f"{'-':>8} " * 3
-        lines.append(f"  {_name(r['config']):<24} {r['stage']:<8} {ms}  {status[:100]}")
+        lines.append(f"  {_name(r['config'], r.get('fused', False)):<30} {r['stage']:<8} {ms}  {status[:100]}")
     if res["best_config"]:
         lines.append(f"  default {_name(res['default_config'])} {res['default_ms']:.3f} ms -> best "
-                     f"{_name(res['best_config'])} {res['best_ms']:.3f} ms ({res['speedup']:.2f}x)")
+                     f"{_name(res['best_config'], res['best_fused'])} {res['best_ms']:.3f} ms ({res['speedup']:.2f}x)")
     else:
         lines.append(f"  no trusted result: the default's error against fused_moe_ref is {res['default_ref_err']:.3g}")
     return "\n".join(lines)
@@ -202,6 +221,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="default: bfloat16 on CUDA, float32 on the CPU")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--fuse-activation", action="store_true",
+                    help="also time the best two configs with silu(gate) * up in the first GEMM's epilogue")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args(argv)
     shape = SHAPES[args.shape]
@@ -219,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict:
     w13, w2 = make_layer(shape, args.device, dtype)
     results = []
     for t in args.tokens:
-        results.append(sweep_tokens(shape, w13, w2, t, args.warmup, args.iters))
+        results.append(sweep_tokens(shape, w13, w2, t, args.warmup, args.iters, fuse=args.fuse_activation))
         print(format_result(results[-1]), flush=True)
     import triton
 

@@ -54,7 +54,7 @@ def test_tiny_sweep_equals_the_reference(sweep, tmp_path):
 
     path = tmp_path / "sweep.json"
     sweep.main(["--shape", "tiny", "--device", DEVICE, "--tokens", "24", "--iters", "1", "--warmup", "0",
-                "--json", str(path)])
+                "--fuse-activation", "--json", str(path)])
     report = json.loads(path.read_text())
     assert report["shape"] == "tiny" and report["experts"] == 4
     (res,) = report["results"]
@@ -66,12 +66,14 @@ def test_tiny_sweep_equals_the_reference(sweep, tmp_path):
     assert res["num_configs"] == len(res["configs"]) > 10 and res["num_wrong"] == res["num_failed"] == 0
     assert all(r["ok"] and r["max_err"] <= tol and r["ms"] > 0 for r in res["configs"])
     assert res["best_ms"] == min(r["ms"] for r in res["configs"])
+    assert any(r.get("fused") for r in res["configs"])  # the real fused kernel, checked like the rest
     # the chosen config, run again on the same batch, gives the reference's sum
     s = sweep.SHAPES["tiny"]
     dtype = getattr(torch, report["dtype"])
     w13, w2 = sweep.make_layer(s, DEVICE, dtype)
     hidden, weights, ids = sweep.make_batch(s, 24, DEVICE, dtype)
-    out = fused_moe_triton(hidden, w13, w2, weights, ids, config=res["best_config"])
+    out = fused_moe_triton(hidden, w13, w2, weights, ids, config=res["best_config"],
+                           fuse_activation=res["best_fused"])
     ref = fused_moe_ref(hidden.float(), w13.float(), w2.float(), weights, ids)
     assert ((out.float() - ref).abs().max() / ref.abs().max()).item() <= max(tol, 1e-5)
 
@@ -98,3 +100,31 @@ def test_wrong_or_failing_configs_are_never_best(sweep):
     assert res["num_wrong"] == len(wrong) and res["num_failed"] == len(failed)
     assert res["best_config"]["BLOCK_K"] != 64
     assert res["best_config"] in [r["config"] for r in res["configs"] if r["ok"]]
+
+
+def test_fused_stage_runs_the_best_tiles_with_the_activation_in_the_epilogue(sweep, tmp_path):
+    """--fuse-activation: the best two tiles again with fuse_activation (and at half BLOCK_N),
+    each checked against the default like every other run; the best may be a fused one."""
+    calls = []
+
+    def moe(hidden, w13, w2, weights, ids, config=None, fuse_activation=False):
+        calls.append((dict(config or {}), fuse_activation))
+        if fuse_activation:  # the fused kernel is the fastest here, and right
+            return fused_moe_ref(hidden, w13, w2, weights, ids)
+        time.sleep(0.002)
+        return fused_moe_ref(hidden, w13, w2, weights, ids)
+
+    s = sweep.SHAPES["tiny"]
+    w13, w2 = sweep.make_layer(s, "cpu", torch.float32)
+    res = sweep.sweep_tokens(s, w13, w2, 24, warmup=0, iters=1, moe=moe, fuse=True)
+    fused = [r for r in res["configs"] if r.get("fused")]
+    assert fused and all(r["stage"] == "fused" and r["ok"] for r in fused)
+    plain = sorted((r for r in res["configs"] if r["ok"] and not r.get("fused")), key=lambda r: r["ms"])
+    want = [c for r in plain[:sweep.STAGE2_TILES] for c in sweep.fused_grid(r["config"])]
+    assert sorted(map(str, (r["config"] for r in fused))) == sorted(map(str, want))
+    assert any(c["BLOCK_N"] * 2 == p["config"]["BLOCK_N"] for c in want for p in plain[:sweep.STAGE2_TILES])
+    assert {str(cfg) for cfg, f in calls if f} == {str(r["config"]) for r in fused}
+    assert res["best_fused"] and res["best_config"] in [r["config"] for r in fused]
+    assert "fused" in sweep.format_result(res)
+    unfused = sweep.sweep_tokens(s, w13, w2, 24, warmup=0, iters=1, moe=moe)
+    assert not any(r.get("fused") for r in unfused["configs"]) and unfused["best_fused"] is False

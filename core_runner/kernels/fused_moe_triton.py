@@ -16,10 +16,12 @@ contributes nothing.
 GEMMs. One launch computes gate_up for every pair (A row = hidden[pair // top_k],
 B = w13[expert]), the activation runs in its own elementwise kernel (silu(gate) * up in
 the silu_mul kernel; gpt-oss's clamped SwiGLU, "swigluoai", in ``_swigluoai_kernel``
-here), one launch computes down (A row = act[pair], B = w2[expert]) and scales each row
-by its router weight; the top_k rows of a token are then summed. Each program owns one
-(tile of BLOCK_M pairs, BLOCK_N output columns) and loops over K, loading A rows by
-gather and B as [BLOCK_K, BLOCK_N] of the expert's row-major [N, K] weight. With biases
+here; or, with ``fuse_activation``, silu(gate) * up in the first GEMM's epilogue from a
+gate and an up accumulator: ``SILU_GATE_UP``), one launch computes down (A row =
+act[pair], B = w2[expert]) and scales each row by its router weight; the top_k rows of
+a token are then summed. Each program owns one (tile of BLOCK_M pairs, BLOCK_N output
+columns) and loops over K, loading A rows by gather and B as [BLOCK_K, BLOCK_N] of the
+expert's row-major [N, K] weight. With biases
 (``HAS_BIAS``) the program adds its expert's bias row to the fp32 accumulator after the
 K loop, before the router weight (torch's ``F.linear(x, w, b) * weight``).
 """
@@ -81,7 +83,7 @@ def _moe_gemm_kernel(
     a_ptr, b_ptr, c_ptr, w_ptr, bias_ptr, sorted_ptr, block_expert_ptr,
     N, K, num_pairs,
     s_am, s_ak, s_be, s_bn, s_bk, s_cm, s_cn, s_bias_e,
-    A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+    A_ROW_DIV: tl.constexpr, MUL_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_GATE_UP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -99,14 +101,29 @@ def _moe_gemm_kernel(
     a_base = a_ptr + a_row[:, None] * s_am
     b_base = b_ptr + expert.to(tl.int64) * s_be + cols[None, :].to(tl.int64) * s_bn
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)  # SILU_GATE_UP only (else unused, removed)
     for k0 in range(0, K, BLOCK_K):
         k_ok = (k0 + kk) < K
         a = tl.load(a_base + (k0 + kk)[None, :] * s_ak, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         b = tl.load(b_base + (k0 + kk)[:, None] * s_bk, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         acc += tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
+        if SILU_GATE_UP:  # the up row of each gate row: N rows further down the expert's weight
+            b = tl.load(b_base + N * s_bn + (k0 + kk)[:, None] * s_bk, mask=k_ok[:, None] & col_ok[None, :],
+                        other=0.0)
+            acc_up += tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
     if HAS_BIAS:
         bias = tl.load(bias_ptr + expert.to(tl.int64) * s_bias_e + cols, mask=col_ok, other=0.0)
         acc += bias.to(tl.float32)[None, :]
+        if SILU_GATE_UP:
+            bias = tl.load(bias_ptr + expert.to(tl.int64) * s_bias_e + N + cols, mask=col_ok, other=0.0)
+            acc_up += bias.to(tl.float32)[None, :]
+    if SILU_GATE_UP:
+        # rounded where the unfused path rounds (gate and up stored in the output dtype, silu
+        # rounded, then the product), so both paths give the same values
+        out_ty = c_ptr.dtype.element_ty
+        gate = acc.to(out_ty).to(tl.float32)
+        silu = tl.math.div_rn(gate, 1.0 + tl.exp(-gate)).to(out_ty).to(tl.float32)
+        acc = silu * acc_up.to(out_ty).to(tl.float32)
     if MUL_WEIGHT:
         w = tl.load(w_ptr + pair, mask=row_ok, other=0.0)
         acc = acc * w[:, None]
@@ -185,17 +202,19 @@ def gemm_config(num_pairs: int, device: torch.device, block_m: int | None = None
     return cfg
 
 
-def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, mul_weight, bias, cfg):
-    n_out, k_in = b.shape[1], b.shape[2]
+def _launch(a, b, c, weights, sorted_pairs, block_expert, num_pairs, a_row_div, mul_weight, bias, cfg,
+            silu_gate_up=False):
+    n_rows, k_in = b.shape[1], b.shape[2]
+    n_out = n_rows // 2 if silu_gate_up else n_rows  # silu_gate_up: b is [gate | up], c gets silu(gate) * up
     grid = (block_expert.shape[0], triton.cdiv(n_out, cfg["BLOCK_N"]))
-    if bias is not None and (bias.shape != (b.shape[0], n_out) or bias.stride(1) != 1):
-        raise ValueError(f"expert bias has shape {tuple(bias.shape)}, expected ({b.shape[0]}, {n_out}) contiguous")
+    if bias is not None and (bias.shape != (b.shape[0], n_rows) or bias.stride(1) != 1):
+        raise ValueError(f"expert bias has shape {tuple(bias.shape)}, expected ({b.shape[0]}, {n_rows}) contiguous")
     _moe_gemm_kernel[grid](
         a, b, c, weights, b if bias is None else bias, sorted_pairs, block_expert,
         n_out, k_in, num_pairs,
         a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
         0 if bias is None else bias.stride(0),
-        A_ROW_DIV=a_row_div, MUL_WEIGHT=mul_weight, HAS_BIAS=bias is not None,
+        A_ROW_DIV=a_row_div, MUL_WEIGHT=mul_weight, HAS_BIAS=bias is not None, SILU_GATE_UP=silu_gate_up,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], BLOCK_K=cfg["BLOCK_K"],
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
@@ -207,6 +226,7 @@ def fused_moe_triton(
     topk_ids: torch.Tensor, block_m: int | None = None, skip_invalid_ids: bool = False,
     config: dict | None = None, w13_bias: torch.Tensor | None = None, w2_bias: torch.Tensor | None = None,
     activation: str = "silu", swiglu_alpha: float = SWIGLU_ALPHA, swiglu_limit: float = SWIGLU_LIMIT,
+    fuse_activation: bool = False,
 ) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2I, H] (gate rows then up rows); w2 [E, H, I];
     topk_weights / topk_ids [T, top_k]. Returns sum_k w_k * expert_k(hidden) as [T, H].
@@ -217,9 +237,15 @@ def fused_moe_triton(
     ``block_m`` is the same as ``config={"BLOCK_M": block_m}``. BLOCK_* must be powers of
     two, at least 16. ``w13_bias`` [E, 2I] / ``w2_bias`` [E, H] are added per expert inside
     the two GEMMs; ``activation`` "silu" (silu(gate) * up) or "swigluoai" (gpt-oss:
-    ``layers.fused_moe.swigluoai_ref`` with ``swiglu_alpha`` / ``swiglu_limit``)."""
+    ``layers.fused_moe.swigluoai_ref`` with ``swiglu_alpha`` / ``swiglu_limit``).
+    ``fuse_activation`` (silu only): the first GEMM keeps a gate and an up accumulator and
+    writes silu(gate) * up, with the same roundings as the separate kernel, so neither the
+    [pairs, 2I] gate_up tensor nor the activation launch exist. Off by default until a GPU
+    sweep (benchmarks/moe_sweep.py --fuse-activation) shows where it wins."""
     if activation not in ("silu", "swigluoai"):
         raise ValueError(f"activation={activation!r} is not supported: expected 'silu' or 'swigluoai'")
+    if fuse_activation and activation != "silu":
+        raise ValueError(f"fuse_activation=True supports activation 'silu' only, not {activation!r}")
     num_tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -232,13 +258,18 @@ def fused_moe_triton(
                       elem_bytes=hidden.element_size())
     sorted_pairs, block_expert = align_pairs(topk_ids, num_experts, cfg["BLOCK_M"])
     hidden = hidden if hidden.stride(-1) == 1 else hidden.contiguous()
-    gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)
     weights = topk_weights.reshape(-1).float().contiguous()
-    _launch(hidden, w13, gate_up, weights, sorted_pairs, block_expert, num_pairs, top_k, False, w13_bias, cfg)
-    if activation == "silu":
-        act = silu_mul_triton(gate_up)  # one pass, where torch's silu and product take three
+    if fuse_activation:
+        act = torch.empty((num_pairs, two_i // 2), dtype=hidden.dtype, device=hidden.device)
+        _launch(hidden, w13, act, weights, sorted_pairs, block_expert, num_pairs, top_k, False, w13_bias, cfg,
+                silu_gate_up=True)
     else:
-        act = swigluoai_triton(gate_up, swiglu_alpha, swiglu_limit)
+        gate_up = torch.empty((num_pairs, two_i), dtype=hidden.dtype, device=hidden.device)
+        _launch(hidden, w13, gate_up, weights, sorted_pairs, block_expert, num_pairs, top_k, False, w13_bias, cfg)
+        if activation == "silu":
+            act = silu_mul_triton(gate_up)  # one pass, where torch's silu and product take three
+        else:
+            act = swigluoai_triton(gate_up, swiglu_alpha, swiglu_limit)
     alloc = torch.zeros if skip_invalid_ids else torch.empty
     down = alloc((num_pairs, hidden_size), dtype=hidden.dtype, device=hidden.device)
     _launch(act, w2, down, weights, sorted_pairs, block_expert, num_pairs, 1, True, w2_bias, cfg)

@@ -210,6 +210,13 @@ def moe_cases() -> dict:
         "moe": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu),
         "moe_bias_swigluoai": lambda: fused_moe_triton(x, w13, w2, w, ids, config=gpu, w13_bias=b13, w2_bias=b2,
                                                        activation="swigluoai"),
+        # silu(gate) * up in the first GEMM's epilogue (two accumulators): at the wide tile the default
+        # takes from ~100 rows an expert and at that tile with half the columns
+        "moe_silu_epilogue": lambda: (
+            fused_moe_triton(x, w13, w2, w, ids, fuse_activation=True,
+                             config={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3}),
+            fused_moe_triton(x, w13, w2, w, ids, fuse_activation=True,
+                             config={"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 64, "num_warps": 8, "num_stages": 3})),
         # the alignment CUDA takes (align_pairs): V2-Lite's 64 experts of top-6 at a decode step, V3's 256
         "moe_align": lambda: (moe_align_triton(torch.randint(0, 64, (1024, 6), generator=g), 64, 16),
                               moe_align_triton(torch.randint(0, 256, (64, 8), generator=g), 256, 128)),
