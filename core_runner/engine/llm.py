@@ -271,7 +271,7 @@ class LLM:
         return self._pool(prompts, _per_prompt(pooling_params, len(prompts)), task, use_tqdm)
 
     def _pool(self, prompts: list, params: list[PoolingParams], task: str, use_tqdm: bool) -> list[Any]:
-        """Run pooling requests of one task; vectors copied to the host in one copy."""
+        """Run pooling requests of one task; the vectors as float32 CPU tensors."""
         for i, p in enumerate(params):
             if not isinstance(p, PoolingParams):
                 raise TypeError(f"pooling_params[{i}] must be PoolingParams, got {type(p).__name__}")
@@ -284,7 +284,8 @@ class LLM:
                                  lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
             outs = self._run([[r] for r in reqs], use_tqdm)
         made = [o.outputs for o in outs if o.outputs is not None]
-        if made:  # one device-to-host copy for all vectors (lengths differ under Matryoshka dimensions)
+        if made:  # float32 in one buffer (the runner already copied each step's vectors to the host;
+            # a third-party state may pool in another dtype; lengths differ under Matryoshka dimensions)
             host = torch.cat([m.data.reshape(-1) for m in made]).float().cpu()
             for m, e in zip(made, host.split([m.data.numel() for m in made])):
                 m.data = e.reshape(m.data.shape)  # per-token rewards are [tokens, labels]

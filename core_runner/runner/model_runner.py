@@ -25,6 +25,7 @@ from core_runner.runner.async_output import AsyncOutput
 from core_runner.runner.cuda_graphs import DEFAULT_CAPTURE_SIZES, CudaGraphManager, GraphKey
 from core_runner.runner.drafter import DraftRunner
 from core_runner.runner.output import ModelRunnerOutput
+from core_runner.runner.pooled_output import PooledCopy
 from core_runner.runner.request_state import RequestState
 from core_runner.runner.spec_decode import (
     ProposalExtra,
@@ -338,7 +339,9 @@ class ModelRunner:
             pooled = [] if batch.is_dummy else self.model_state.pool(hidden, batch)
             if not batch.is_dummy:  # advance num_computed as post-update does: a next chunk reads it
                 self.req_state.tables()["num_computed"].index_add_(0, batch.idx_mapping[:n].long(), num_sched)
-            return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, [], pooled))
+            if not pooled:
+                return AsyncOutput.done(ModelRunnerOutput(batch.req_ids, [], pooled))
+            return AsyncOutput(batch.req_ids, None, None, self.copy_stream, PooledCopy(pooled))
         # 8. logits of the real rows, sampling, logprobs
         if batch.spec_counts is not None and not batch.is_dummy:
             return self._run_verification(batch, hidden, num_sched)
