@@ -111,7 +111,9 @@ def test_fused_stage_runs_the_best_tiles_with_the_activation_in_the_epilogue(swe
         calls.append((dict(config or {}), fuse_activation))
         if fuse_activation:  # the fused kernel is the fastest here, and right
             return fused_moe_ref(hidden, w13, w2, weights, ids)
-        time.sleep(0.002)
+        # the two best tiles differ in BLOCK_N only, so the half of one is the other
+        best = config and (config["BLOCK_K"], config["num_warps"], config["num_stages"]) == (64, 4, 3)
+        time.sleep(0.001 if best and config["BLOCK_N"] in (64, 128) else 0.004)
         return fused_moe_ref(hidden, w13, w2, weights, ids)
 
     s = sweep.SHAPES["tiny"]
@@ -121,7 +123,9 @@ def test_fused_stage_runs_the_best_tiles_with_the_activation_in_the_epilogue(swe
     assert fused and all(r["stage"] == "fused" and r["ok"] for r in fused)
     plain = sorted((r for r in res["configs"] if r["ok"] and not r.get("fused")), key=lambda r: r["ms"])
     want = [c for r in plain[:sweep.STAGE2_TILES] for c in sweep.fused_grid(r["config"])]
-    assert sorted(map(str, (r["config"] for r in fused))) == sorted(map(str, want))
+    # one run per fused config: N128's half is the N64 tile, run once
+    assert sorted(map(str, (r["config"] for r in fused))) == sorted(set(map(str, want)))
+    assert sorted(r["config"]["BLOCK_N"] for r in fused) == [32, 64, 128]
     assert any(c["BLOCK_N"] * 2 == p["config"]["BLOCK_N"] for c in want for p in plain[:sweep.STAGE2_TILES])
     assert {str(cfg) for cfg, f in calls if f} == {str(r["config"]) for r in fused}
     assert res["best_fused"] and res["best_config"] in [r["config"] for r in fused]
