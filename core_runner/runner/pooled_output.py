@@ -1,9 +1,9 @@
 """A pooling step's outputs, copied to the host in one transfer per dtype.
 
-``ModelState.pool`` returns one device tensor (or None) per request. Handing those to the
-caller as they are would make each request's first read (``float(x)``, ``.tolist()``) a
-separate device-to-host copy and sync, 2,048 of them for a 2,048-pair score call, and
-would keep the step's device buffers alive for as long as the caller holds an output.
+``ModelState.pool`` returns one device tensor (or None) per request. Handing those on as
+they are would make each request's first read (``float(x)``, ``.tolist()``, the serving
+split's ``tensor_to_wire``) a separate device-to-host copy and sync, one per finished
+request, and would keep the step's device buffers alive for as long as an output is held.
 Instead the step's tensors are flattened into one buffer per dtype, copied with the step's
 other results on the runner's copy stream (``AsyncOutput``), and split back into one CPU
 tensor per request, of the shape and dtype the state returned: what vLLM's pooling
