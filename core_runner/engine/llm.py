@@ -283,12 +283,11 @@ class LLM:
             reqs = self._process(prompts,
                                  lambda p, i: self.engine.input_processor.process(p, pooling_params=params[i]))
             outs = self._run([[r] for r in reqs], use_tqdm)
-        made = [o.outputs for o in outs if o.outputs is not None]
-        if made:  # float32 in one buffer (the runner already copied each step's vectors to the host;
-            # a third-party state may pool in another dtype; lengths differ under Matryoshka dimensions)
-            host = torch.cat([m.data.reshape(-1) for m in made]).float().cpu()
-            for m, e in zip(made, host.split([m.data.numel() for m in made])):
-                m.data = e.reshape(m.data.shape)  # per-token rewards are [tokens, labels]
+        # the runner hands over host tensors (runner/pooled_output.py); a third-party state may
+        # pool in another dtype than float32
+        for o in outs:
+            if o.outputs is not None and o.outputs.data.dtype != torch.float32:
+                o.outputs.data = o.outputs.data.float()
         return outs
 
     def _fan_out(self, prompt: Prompt, sp: SamplingParams) -> list[Request]:
